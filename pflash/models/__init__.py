@@ -1,0 +1,1 @@
+"""Torch-side code: model loading, the drafter scorer, the segment probe, target backends."""

