@@ -7,7 +7,18 @@ prompt) is charged first, then r0 of the rest is kept.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
 from pflash.config import PFlashConfig
+from pflash.errors import CompressionFailed
+from pflash.query import Plan
+from pflash.segments import required_grid_tokens, scheduled_chunk_size
+from pflash.spans import Span, canonicalize
 
 
 def curve_ratio(curve: tuple[tuple[int, float], ...], prompt_tokens: int) -> float:
@@ -31,3 +42,181 @@ def configured_keep_ratio(config: PFlashConfig, prompt_tokens: int) -> float:
     if config.curve:
         return curve_ratio(config.curve, prompt_tokens)
     return config.keep_ratio
+
+
+# ------------------------------------------------------------------ budget over droppable tokens
+
+GateReason = Literal[
+    "mode_off", "always", "droppable_at_least_threshold", "droppable_below_threshold"
+]
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """The budget for one prompt (reference §5.7). Drafter-token and target-token fields say so.
+
+    - `r0`: configured keep ratio over droppable tokens.
+    - `kept_tokens`: K, drafter tokens in structurally required fixed chunks.
+    - `keep_ratio`: effective r = min(1, (K + r0 (S - K) + 1) / S), as float32 (reference parity).
+    - `budget`: floor(S r), drafter tokens: mandatory candidates are charged first, the rest is
+      spent on the best-scoring droppable candidates.
+    - `ceiling`: floor(prompt_tokens r), target tokens the final prompt may have (before the
+      paragraph-join overhead).
+    - `droppable`: prompt_tokens - target_estimate(K), target tokens compression can remove.
+    - `compress` / `reason`: the gate decision (auto compresses iff droppable >= threshold).
+    - `instruction_role_dropped`: instruction-role pins did not fit the context and are scored
+      as ordinary context instead.
+    - `pinned`: the merged pinned spans (drafter tokens) the selector must treat as mandatory.
+    - `chunk_size`: the resolved fixed chunk size K was counted on (drafter tokens).
+    """
+
+    r0: float
+    kept_tokens: int
+    keep_ratio: float
+    budget: int
+    ceiling: int
+    droppable: int
+    compress: bool
+    reason: GateReason
+    instruction_role_dropped: bool
+    pinned: tuple[Span, ...]
+    chunk_size: int
+
+
+def effective_keep_ratio(r0: float, kept_tokens: int, n_tokens: int) -> float:
+    """r = min(1, (K + r0 (S - K) + 1) / S): r0 is spent on droppable tokens only.
+
+    Computed in double, then rounded to float32 as the reference stores it (§11.2), so budgets
+    match it to the token. Returned as the Python float of that float32 value.
+    """
+    if n_tokens <= 0:
+        raise ValueError(f"n_tokens must be positive, got {n_tokens}")
+    r = min(1.0, (kept_tokens + r0 * (n_tokens - kept_tokens) + 1.0) / n_tokens)
+    return float(np.float32(r))
+
+
+def target_estimate(prompt_tokens: int, drafter_tokens: int, n_tokens: int) -> int:
+    """ceil(prompt_tokens * d / S): target tokens that `d` of the S drafter tokens are worth."""
+    return -(-prompt_tokens * drafter_tokens // n_tokens)
+
+
+def fits_context(
+    prompt_tokens: int, drafter_tokens: int, n_tokens: int, max_ctx: int | None, max_output: int
+) -> bool:
+    """Whether keeping `drafter_tokens` leaves room for `max_output` in a `max_ctx` context
+    (target tokens). No limit when max_ctx is None or <= 0."""
+    if max_ctx is None or max_ctx <= 0:
+        return True
+    return target_estimate(prompt_tokens, drafter_tokens, n_tokens) + max_output <= max_ctx
+
+
+def plan_budget(
+    *,
+    n_tokens: int,
+    prompt_tokens: int,
+    r0: float,
+    chunk_size: int,
+    query: Span,
+    required: Sequence[Span] = (),
+    system: Sequence[Span] = (),
+    instruction_role: Sequence[Span] = (),
+    suffix_candidates: bool = False,
+    mode: str = "auto",
+    threshold: int = 0,
+    max_ctx: int | None = None,
+    max_output: int = 0,
+) -> BudgetPlan:
+    """Budget, ceiling and gate for strict selection over `n_tokens` (S) drafter tokens.
+
+    `query` is the scorer query window and the span lists are a Plan's pins, all in drafter
+    tokens; `prompt_tokens`, `threshold`, `max_ctx` and `max_output` are target tokens.
+
+    Order (reference §5.7): K with every pin; if that does not fit the context, drop the
+    instruction-role pins (they become ordinary scored context) and recount; if the required
+    and system pins alone do not fit, fail with `CompressionFailed("context_fit")` - PFlash
+    never compresses a system prompt. Then the gate, then r, budget and ceiling.
+    """
+    if n_tokens <= 0:
+        raise ValueError(f"n_tokens must be positive, got {n_tokens}")
+
+    def kept(pins: tuple[Span, ...]) -> int:
+        return required_grid_tokens(
+            n_tokens, chunk_size, query=query, pinned=pins, suffix_candidates=suffix_candidates
+        )
+
+    pinned = canonicalize([*required, *system, *instruction_role])
+    k = kept(pinned)
+    dropped = False
+    if not fits_context(prompt_tokens, k, n_tokens, max_ctx, max_output):
+        if instruction_role:
+            dropped = True
+            pinned = canonicalize([*required, *system])
+            k = kept(pinned)
+        if not fits_context(prompt_tokens, k, n_tokens, max_ctx, max_output):
+            need = target_estimate(prompt_tokens, k, n_tokens)
+            raise CompressionFailed(
+                "context_fit",
+                f"the system prompt alone does not fit: its pinned content needs ~{need} target "
+                f"tokens + max_tokens {max_output} > context {max_ctx}; PFlash does not "
+                "compress system prompts - shorten the system prompt or max_tokens",
+            )
+
+    droppable = prompt_tokens - target_estimate(prompt_tokens, k, n_tokens)
+    reason: GateReason
+    if mode == "off":
+        compress, reason = False, "mode_off"
+    elif mode == "always":
+        compress, reason = True, "always"
+    elif mode == "auto":
+        compress = droppable >= threshold
+        reason = "droppable_at_least_threshold" if compress else "droppable_below_threshold"
+    else:
+        raise ValueError(f"mode must be off, auto or always, got {mode!r}")
+
+    r = effective_keep_ratio(r0, k, n_tokens)
+    return BudgetPlan(
+        r0=r0,
+        kept_tokens=k,
+        keep_ratio=r,
+        budget=math.floor(n_tokens * r),
+        ceiling=math.floor(prompt_tokens * r),
+        droppable=droppable,
+        compress=compress,
+        reason=reason,
+        instruction_role_dropped=dropped,
+        pinned=pinned,
+        chunk_size=chunk_size,
+    )
+
+
+def plan_budget_for(
+    plan: Plan,
+    config: PFlashConfig,
+    *,
+    prompt_tokens: int,
+    max_ctx: int | None,
+    max_output: int,
+    r0: float | None = None,
+) -> BudgetPlan:
+    """`plan_budget` for a query Plan under `config` (strict selection).
+
+    r0 defaults to the configured ratio (curve or keep_ratio); pass the adaptive controller's
+    value instead when a session has one. The chunk size is `config.select_chunk_size` or the
+    length schedule.
+    """
+    s = plan.n_tokens
+    return plan_budget(
+        n_tokens=s,
+        prompt_tokens=prompt_tokens,
+        r0=configured_keep_ratio(config, prompt_tokens) if r0 is None else r0,
+        chunk_size=scheduled_chunk_size(s, config.select_chunk_size),
+        query=plan.query,
+        required=plan.required,
+        system=plan.system,
+        instruction_role=plan.instruction_role,
+        suffix_candidates=plan.query_suffix_candidates,
+        mode=config.mode,
+        threshold=config.threshold,
+        max_ctx=max_ctx,
+        max_output=max_output,
+    )

@@ -12,11 +12,19 @@ import sys
 def _add_plan(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="print turns, query windows and pinned spans of a prompt")
     p.add_argument("file", help='messages JSON ({"messages": [...]}) or a plain text file')
-    p.add_argument("--target-tokenizer", default=None, help="target tokenizer source (default: the embedded model)")
-    p.add_argument("--drafter", default=None, help="drafter tokenizer source (default: the embedded model)")
+    p.add_argument(
+        "--target-tokenizer",
+        default=None,
+        help="target tokenizer source (default: the embedded model)",
+    )
+    p.add_argument(
+        "--drafter", default=None, help="drafter tokenizer source (default: the embedded model)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--query", default=None, help="explicit pflash_query")
-    p.add_argument("--required", action="append", default=None, help="a pflash_required string (repeatable)")
+    p.add_argument(
+        "--required", action="append", default=None, help="a pflash_required string (repeatable)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

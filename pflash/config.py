@@ -48,92 +48,216 @@ class PFlashConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
     # --- gating and budget (reference §5.1, §5.7)
-    mode: Mode = Field("auto", description="Compression: off, auto (when droppable tokens >= threshold), always.")
+    mode: Mode = Field(
+        "auto", description="Compression: off, auto (when droppable tokens >= threshold), always."
+    )
     threshold: int = Field(
         2048,
         ge=0,
         description="auto mode compresses when the droppable part of the prompt has at least this many target tokens (the reference's 32000 is for 128K models).",
     )
-    keep_ratio: float = Field(0.05, gt=0, le=1, description="Configured keep ratio r0 over droppable tokens, in (0, 1].")
+    keep_ratio: float = Field(
+        0.05, gt=0, le=1, description="Configured keep ratio r0 over droppable tokens, in (0, 1]."
+    )
     curve: tuple[tuple[int, float], ...] = Field(
         (),
         description='Piecewise-linear keep ratio by target prompt tokens, "tokens:ratio" points (e.g. "10000:0.5 40000:0.2"); clamped flat at both ends; overrides keep_ratio.',
     )
 
     # --- strict selection (reference §4.3)
-    select_mode: SelectMode = Field("budget_only", description="budget_only, top_p, top_k, or legacy (the v1 selector).")
-    select_chunk_size: int | None = Field(
-        None, gt=0, description="Fixed chunk size in drafter tokens; unset = schedule by length (<500:128, <3000:512, else 1024)."
+    select_mode: SelectMode = Field(
+        "budget_only", description="budget_only, top_p, top_k, or legacy (the v1 selector)."
     )
-    select_query_tokens: int = Field(8, ge=1, le=512, description="Scorer query window width in tokens, [1, 512].")
-    select_query_parser: QueryParser = Field("arbitrary_tail", description="arbitrary_tail (chat-first prompt_end) or latest_user.")
-    select_top_p: float = Field(0.95, gt=0, le=1, description="top_p mode: cumulative score mass to keep, in (0, 1].")
-    select_topk: int = Field(0, ge=0, description="top_k mode: optional candidates to keep; required (> 0) in top_k mode.")
-    select_segments: SegmentsMode = Field("auto", description="auto (probe when loaded and >= 4 boundaries), fixed, or probe.")
-    select_score: ScoreMode = Field("auto", description="Candidate score: auto (sum for fixed chunks, density for probe segments), sum, density.")
-    select_scorer: ScorerKind = Field("head", description="head (attention mass), legacy (running max + pooling), or split (both).")
-    select_split: float = Field(0.5, gt=0, lt=1, description="split scorer: the head scorer's share of the budget, in (0, 1).")
-    select_paragraph_join: bool = Field(True, description="Insert paragraph breaks between non-adjacent kept runs.")
-    select_container_headers: bool = Field(False, description="Assembly experiment: re-insert container headers (paid inside the budget).")
-    select_container_header_max: int = Field(48, ge=1, le=4096, description="Assembly experiment: longest container header in tokens.")
-    assembly_cut_marker: bool = Field(False, description='Assembly experiment: write "\\n[...]\\n" at cuts (paid inside the budget).')
+    select_chunk_size: int | None = Field(
+        None,
+        gt=0,
+        description="Fixed chunk size in drafter tokens; unset = schedule by length (<500:128, <3000:512, else 1024).",
+    )
+    select_query_tokens: int = Field(
+        8, ge=1, le=512, description="Scorer query window width in tokens, [1, 512]."
+    )
+    select_query_parser: QueryParser = Field(
+        "arbitrary_tail", description="arbitrary_tail (chat-first prompt_end) or latest_user."
+    )
+    select_top_p: float = Field(
+        0.95, gt=0, le=1, description="top_p mode: cumulative score mass to keep, in (0, 1]."
+    )
+    select_topk: int = Field(
+        0,
+        ge=0,
+        description="top_k mode: optional candidates to keep; required (> 0) in top_k mode.",
+    )
+    select_segments: SegmentsMode = Field(
+        "auto", description="auto (probe when loaded and >= 4 boundaries), fixed, or probe."
+    )
+    select_score: ScoreMode = Field(
+        "auto",
+        description="Candidate score: auto (sum for fixed chunks, density for probe segments), sum, density.",
+    )
+    select_scorer: ScorerKind = Field(
+        "head",
+        description="head (attention mass), legacy (running max + pooling), or split (both).",
+    )
+    select_split: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="split scorer: the head scorer's share of the budget, in (0, 1).",
+    )
+    select_paragraph_join: bool = Field(
+        True, description="Insert paragraph breaks between non-adjacent kept runs."
+    )
+    select_container_headers: bool = Field(
+        False,
+        description="Assembly experiment: re-insert container headers (paid inside the budget).",
+    )
+    select_container_header_max: int = Field(
+        48, ge=1, le=4096, description="Assembly experiment: longest container header in tokens."
+    )
+    assembly_cut_marker: bool = Field(
+        False,
+        description='Assembly experiment: write "\\n[...]\\n" at cuts (paid inside the budget).',
+    )
 
     # --- chat parsing, pins, history (reference §5.3-§5.6)
-    chat_skeleton_tokens: int = Field(256, ge=0, le=1 << 20, description="Turns up to this many tokens are kept whole (dialogue skeleton); 0 disables.")
-    chat_history_queries: int = Field(3, ge=0, le=8, description="Earlier user questions used as extra scorer queries (weights 1/2, 1/4, ...).")
+    chat_skeleton_tokens: int = Field(
+        256,
+        ge=0,
+        le=1 << 20,
+        description="Turns up to this many tokens are kept whole (dialogue skeleton); 0 disables.",
+    )
+    chat_history_queries: int = Field(
+        3,
+        ge=0,
+        le=8,
+        description="Earlier user questions used as extra scorer queries (weights 1/2, 1/4, ...).",
+    )
 
     # --- views and recall (reference §6.1, §6.2)
-    chat_view: bool = Field(True, description="Keep a compressed view per conversation that later turns extend.")
-    chat_recall: bool = Field(True, description="Recall dropped segments that a new question attends to.")
-    chat_recall_min_lift: float = Field(2.0, gt=0, description="Recall a segment when its attention lift is at least this.")
-    chat_compress_new_tokens: int = Field(16384, ge=1, description="Compress a turn's new material when it has at least this many target tokens.")
+    chat_view: bool = Field(
+        True, description="Keep a compressed view per conversation that later turns extend."
+    )
+    chat_recall: bool = Field(
+        True, description="Recall dropped segments that a new question attends to."
+    )
+    chat_recall_min_lift: float = Field(
+        2.0, gt=0, description="Recall a segment when its attention lift is at least this."
+    )
+    chat_compress_new_tokens: int = Field(
+        16384,
+        ge=1,
+        description="Compress a turn's new material when it has at least this many target tokens.",
+    )
     view_capacity: int = Field(1024, ge=1, description="Views kept by the session store (LRU).")
     view_ttl_s: float = Field(3600.0, gt=0, description="Seconds a view lives without use.")
 
     # --- adaptive keep ratio (reference §6.6)
-    adaptive_keep: bool = Field(True, description="Per-session keep ratio moved by the target's speculative acceptance.")
+    adaptive_keep: bool = Field(
+        True, description="Per-session keep ratio moved by the target's speculative acceptance."
+    )
     adaptive_min: float = Field(0.025, gt=0, le=1, description="Adaptive keep ratio lower bound.")
     adaptive_max: float = Field(0.20, gt=0, le=1, description="Adaptive keep ratio upper bound.")
-    adaptive_sessions: int = Field(1024, ge=1, description="Sessions tracked by the adaptive controller (LRU).")
+    adaptive_sessions: int = Field(
+        1024, ge=1, description="Sessions tracked by the adaptive controller (LRU)."
+    )
 
     # --- legacy selector and scorer (reference §3.1, §4.1)
     legacy_chunk_size: int = Field(32, gt=0, description="Legacy selector chunk size.")
-    legacy_query_tokens: int = Field(8, ge=1, le=512, description="Legacy tail scorer query rows (n_lookahead).")
-    legacy_pool_kernel: int = Field(13, ge=1, description="Legacy score smoothing width (in-range mean).")
+    legacy_query_tokens: int = Field(
+        8, ge=1, le=512, description="Legacy tail scorer query rows (n_lookahead)."
+    )
+    legacy_pool_kernel: int = Field(
+        13, ge=1, description="Legacy score smoothing width (in-range mean)."
+    )
     legacy_head_chunks: int = Field(8, ge=0, description="Legacy: chunks forced at the head.")
     legacy_tail_chunks: int = Field(24, ge=0, description="Legacy: chunks forced at the tail.")
-    anchor_query_tokens: int = Field(96, ge=0, description="Legacy 4-gram anchors: the query pool is the last this many tokens.")
-    anchor_radius: int | None = Field(None, ge=0, description="4-gram anchor radius in chunks; unset = tier by length.")
-    anchor_max_hits: int | None = Field(None, ge=0, description="4-gram anchor hit cap; unset = tier by length.")
-    repeat_min: int = Field(4, ge=1, description="Qwen3.5 legacy repeat-token rule: minimum frequency.")
-    repeat_max: int = Field(32, ge=1, description="Qwen3.5 legacy repeat-token rule: maximum frequency.")
+    anchor_query_tokens: int = Field(
+        96, ge=0, description="Legacy 4-gram anchors: the query pool is the last this many tokens."
+    )
+    anchor_radius: int | None = Field(
+        None, ge=0, description="4-gram anchor radius in chunks; unset = tier by length."
+    )
+    anchor_max_hits: int | None = Field(
+        None, ge=0, description="4-gram anchor hit cap; unset = tier by length."
+    )
+    repeat_min: int = Field(
+        4, ge=1, description="Qwen3.5 legacy repeat-token rule: minimum frequency."
+    )
+    repeat_max: int = Field(
+        32, ge=1, description="Qwen3.5 legacy repeat-token rule: maximum frequency."
+    )
+    legacy_repeat_rule: bool | None = Field(
+        None, description="Legacy repeat-token rule; unset = by drafter profile (on for qwen35)."
+    )
 
     # --- models
-    drafter: str = Field(EMBEDDED_SMOLLM2, description="Drafter model: a GGUF file, a local HF directory, or embedded:smollm2-135m.")
-    drafter_tokenizer: str | None = Field(None, description="Drafter tokenizer source when it differs from the drafter model.")
-    drafter_profile: DrafterProfile = Field("auto", description="Scorer profile; auto reads the architecture from the model.")
-    drafter_head_layer: int | None = Field(None, ge=0, description="Scoring layer for the generic profile; unset = the profile default.")
-    drafter_chunk_tokens: int = Field(1024, ge=16, description="Drafter forward chunk (rows per step); bounds activation memory.")
-    drafter_sessions: int = Field(2, ge=0, le=16, description="Per-conversation drafter scoring sessions kept (LRU); 0 = none.")
-    scoring_head_gguf: str | None = Field(None, description="Trained scoring head GGUF bound to the drafter file by sha256.")
-    segment_probe_gguf: str | None = Field(None, description="Segment probe GGUF bound to the drafter file by sha256.")
-    target: str = Field(EMBEDDED_SMOLLM2, description="Target model for the transformers backend (same sources as drafter).")
-    target_tokenizer: str | None = Field(None, description="Target tokenizer source when it differs from the target model.")
-    target_backend: TargetBackend = Field("transformers", description="transformers (in process) or openai (an upstream server).")
-    upstream_base_url: str | None = Field(None, description="openai backend: the upstream base URL (…/v1).")
+    drafter: str = Field(
+        EMBEDDED_SMOLLM2,
+        description="Drafter model: a GGUF file, a local HF directory, or embedded:smollm2-135m.",
+    )
+    drafter_tokenizer: str | None = Field(
+        None, description="Drafter tokenizer source when it differs from the drafter model."
+    )
+    drafter_profile: DrafterProfile = Field(
+        "auto", description="Scorer profile; auto reads the architecture from the model."
+    )
+    drafter_head_layer: int | None = Field(
+        None,
+        ge=0,
+        description="Scoring layer for the generic profile; unset = the profile default.",
+    )
+    drafter_chunk_tokens: int = Field(
+        1024, ge=16, description="Drafter forward chunk (rows per step); bounds activation memory."
+    )
+    drafter_sessions: int = Field(
+        2,
+        ge=0,
+        le=16,
+        description="Per-conversation drafter scoring sessions kept (LRU); 0 = none.",
+    )
+    scoring_head_gguf: str | None = Field(
+        None, description="Trained scoring head GGUF bound to the drafter file by sha256."
+    )
+    segment_probe_gguf: str | None = Field(
+        None, description="Segment probe GGUF bound to the drafter file by sha256."
+    )
+    target: str = Field(
+        EMBEDDED_SMOLLM2,
+        description="Target model for the transformers backend (same sources as drafter).",
+    )
+    target_tokenizer: str | None = Field(
+        None, description="Target tokenizer source when it differs from the target model."
+    )
+    target_backend: TargetBackend = Field(
+        "transformers", description="transformers (in process) or openai (an upstream server)."
+    )
+    upstream_base_url: str | None = Field(
+        None, description="openai backend: the upstream base URL (…/v1)."
+    )
     upstream_api_key: str | None = Field(None, description="openai backend: the upstream API key.")
     upstream_model: str | None = Field(None, description="openai backend: the upstream model name.")
-    max_context: int | None = Field(None, gt=0, description="Target context length; unset = read from the target model.")
+    max_context: int | None = Field(
+        None, gt=0, description="Target context length; unset = read from the target model."
+    )
 
     # --- serving
-    on_drafter_error: OnDrafterError = Field("fail", description="fail (5xx naming the stage) or bypass (serve uncompressed, counted).")
-    return_prompt_enabled: bool = Field(False, description="Allow requests to set pflash_return_prompt.")
-    api_keys: tuple[str, ...] = Field((), description="Accepted API keys; empty = no auth. A key's tenant scopes views and sessions.")
+    on_drafter_error: OnDrafterError = Field(
+        "fail", description="fail (5xx naming the stage) or bypass (serve uncompressed, counted)."
+    )
+    return_prompt_enabled: bool = Field(
+        False, description="Allow requests to set pflash_return_prompt."
+    )
+    api_keys: tuple[str, ...] = Field(
+        (),
+        description="Accepted API keys; empty = no auth. A key's tenant scopes views and sessions.",
+    )
     max_body_bytes: int = Field(16 << 20, ge=1024, description="Largest accepted request body.")
 
     # --- traces
     trace_path: str | None = Field(None, description="JSONL selection trace path; unset = off.")
-    view_trace_path: str | None = Field(None, description="JSONL served-prompt trace path; unset = off.")
+    view_trace_path: str | None = Field(
+        None, description="JSONL served-prompt trace path; unset = off."
+    )
 
     # ------------------------------------------------------------------ validation
     @field_validator("select_top_p", "keep_ratio", "chat_recall_min_lift", "select_split")
@@ -163,16 +287,17 @@ class PFlashConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PFlashConfig:
+        # Cross-field errors are "key: allowed" so the error names the key (_format_error).
         if self.select_mode == "top_k" and self.select_topk <= 0:
-            raise ValueError("select_topk must be > 0 when select_mode is top_k")
+            raise ValueError("select_topk: must be > 0 when select_mode is top_k")
         if self.select_mode == "top_k" and self.select_scorer == "split":
-            raise ValueError("select_scorer split does not support select_mode top_k")
+            raise ValueError("select_scorer: split does not support select_mode top_k")
         if self.adaptive_min > self.adaptive_max:
-            raise ValueError("adaptive_min must not exceed adaptive_max")
+            raise ValueError("adaptive_min: must not exceed adaptive_max")
         if self.repeat_min > self.repeat_max:
-            raise ValueError("repeat_min must not exceed repeat_max")
+            raise ValueError("repeat_min: must not exceed repeat_max")
         if self.target_backend == "openai" and not self.upstream_base_url:
-            raise ValueError("target_backend openai needs upstream_base_url")
+            raise ValueError("upstream_base_url: required when target_backend is openai")
         return self
 
     # ------------------------------------------------------------------ derived
@@ -181,7 +306,9 @@ class PFlashConfig(BaseModel):
         """Strict (budgeted) selection is active unless the legacy selector was chosen."""
         return self.select_mode != "legacy"
 
-    def with_request_overrides(self, *, mode: str | None = None, keep_ratio: float | None = None) -> PFlashConfig:
+    def with_request_overrides(
+        self, *, mode: str | None = None, keep_ratio: float | None = None
+    ) -> PFlashConfig:
         """The config for one request: `pflash_mode` and `pflash_keep_ratio` may override."""
         updates: dict[str, Any] = {}
         if mode is not None:
@@ -206,7 +333,9 @@ def _env_key(field: str) -> str:
 def _parse_env_value(field: str, raw: str) -> Any:
     """Turn an environment string into the field's type; strict (\"12x\" is not an int)."""
     if raw.strip() == "":
-        raise ConfigError(field, raw, f"{_env_key(field)} is set but empty; unset it or give a value")
+        raise ConfigError(
+            field, raw, f"{_env_key(field)} is set but empty; unset it or give a value"
+        )
     annotation = PFlashConfig.model_fields[field].annotation
     kinds = {a for a in (get_args(annotation) or (annotation,)) if a is not type(None)}
     origin = get_origin(annotation)
@@ -238,8 +367,12 @@ def _parse_env_value(field: str, raw: str) -> Any:
 def _format_error(err: ValidationError, data: Mapping[str, Any]) -> ConfigError:
     first = err.errors()[0]
     key = ".".join(str(p) for p in first.get("loc", ())) or "config"
-    value = data.get(key, first.get("input"))
     allowed = first.get("msg", "invalid")
+    if key == "config":  # a cross-field check: its message is "key: allowed"
+        msg = allowed.removeprefix("Value error, ")
+        key, _, allowed = msg.partition(": ")
+        return ConfigError(key, data.get(key, PFlashConfig.model_fields[key].default), allowed)
+    value = data.get(key, first.get("input"))
     field = PFlashConfig.model_fields.get(key)
     if field is not None:
         args = get_args(field.annotation)
@@ -255,7 +388,9 @@ def _format_error(err: ValidationError, data: Mapping[str, Any]) -> ConfigError:
     return ConfigError(key, value, allowed)
 
 
-def build_config(data: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> PFlashConfig:
+def build_config(
+    data: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> PFlashConfig:
     """Defaults < `data` (YAML/dict) < `PFLASH_*` entries of `env` (os.environ when None)."""
     merged: dict[str, Any] = dict(data or {})
     env = os.environ if env is None else env
@@ -269,7 +404,9 @@ def build_config(data: Mapping[str, Any] | None = None, env: Mapping[str, str] |
         raise _format_error(err, merged) from None
 
 
-def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> PFlashConfig:
+def load_config(
+    path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None
+) -> PFlashConfig:
     """Load a YAML file of config keys (or only defaults and env when `path` is None)."""
     data: dict[str, Any] = {}
     if path is not None:

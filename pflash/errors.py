@@ -28,7 +28,9 @@ class ConfigError(PFlashError, ValueError):
     error_type = "config_error"
 
     def __init__(self, key: str, value: object, allowed: str):
-        super().__init__(f"invalid config {key}={value!r}: {allowed}", param=key, code="invalid_config")
+        super().__init__(
+            f"invalid config {key}={value!r}: {allowed}", param=key, code="invalid_config"
+        )
         self.key = key
         self.value = value
         self.allowed = allowed
@@ -49,7 +51,9 @@ class CompressionFailed(PFlashError):
     explicit query that is not in the prompt) is a 4xx; an internal one a 5xx.
     """
 
-    def __init__(self, stage: str, message: str, *, client_error: bool = False, param: str | None = None):
+    def __init__(
+        self, stage: str, message: str, *, client_error: bool = False, param: str | None = None
+    ):
         super().__init__(f"pflash {stage} failed: {message}", param=param, code=f"pflash_{stage}")
         self.stage = stage
         if client_error:

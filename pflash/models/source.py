@@ -54,18 +54,24 @@ def resolve_source(spec: str) -> ModelSource:
             )
         directory = Path(found.origin).parent
         if not (directory / filename).is_file():
-            raise ModelUnavailable(f"embedded model {spec!r}: {directory / filename} is missing; reinstall with: {install}")
+            raise ModelUnavailable(
+                f"embedded model {spec!r}: {directory / filename} is missing; reinstall with: {install}"
+            )
         return ModelSource(spec, directory, filename)
     if spec.startswith("embedded:"):
         raise ModelUnavailable(f"unknown embedded model {spec!r}; known: {', '.join(EMBEDDED)}")
     path = Path(os.path.expanduser(spec))
     if path.is_file():
         if path.suffix.lower() != ".gguf":
-            raise ModelUnavailable(f"model file {path} is not a .gguf file; give a GGUF file or an HF model directory")
+            raise ModelUnavailable(
+                f"model file {path} is not a .gguf file; give a GGUF file or an HF model directory"
+            )
         return ModelSource(spec, path.parent.resolve(), path.name)
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelUnavailable(f"model directory {path} has no config.json; give a GGUF file or an HF model directory")
+            raise ModelUnavailable(
+                f"model directory {path} has no config.json; give a GGUF file or an HF model directory"
+            )
         return ModelSource(spec, path.resolve())
     raise ModelUnavailable(
         f"model {spec!r} not found: no such file or directory. Models are never downloaded; "
@@ -117,7 +123,9 @@ def load_tokenizer(spec: str):
         except Exception:  # a half-written cache entry: rebuild it below
             pass
     t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(str(source.directory), gguf_file=source.gguf_file, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(
+        str(source.directory), gguf_file=source.gguf_file, local_files_only=True
+    )
     tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
     tok.save_pretrained(str(tmp))
     os.replace(tmp, cached) if not cached.exists() else None

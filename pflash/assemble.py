@@ -1,0 +1,329 @@
+"""Kept drafter runs -> the compressed prompt the target prefills (ALGORITHM.md §4.8, §4.9,
+§5.8, §6.2).
+
+The selector hands over canonical **drafter** spans over the drafter's encoding of the prompt
+text. They cross to the target's vocabulary only through text: each kept run is decoded with
+the drafter tokenizer, the runs are joined, and the joined text is re-encoded with the target
+tokenizer. The result is an ordinary prompt with contiguous positions; chat markers inside
+kept runs are re-encoded as the target's marker tokens, exactly as the target would see them.
+
+Why a paragraph join: selection cuts mid-line, and gluing two runs can fuse unrelated lines
+("...other bands.Document 1:"). The join restores a line break at each cut. Its target-token
+cost (`join_overhead`) is not the selector's doing, so the ceiling check excludes it (§4.8).
+
+Everything here is pure (tokenizers are only read) except `fit_ceiling`, which calls the
+attempt function it is given.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, NamedTuple, Protocol, TypeVar
+
+from pflash.errors import CompressionFailed
+from pflash.spans import Span, TokenizedText, Tokenizer, canonicalize, decode_ids
+
+CUT_MARKER = "\n[...]\n"
+RECALL_HEADER = "[Earlier in this conversation]\n"
+RECALL_FOOTER = "\n[End of earlier excerpts]\n\n"
+RECALL_SEPARATOR = "\n\n"
+CEILING_ATTEMPTS = 3
+
+
+# --------------------------------------------------------------------------- paragraph join
+
+
+def _junction(left: str, right: str) -> str:
+    """Separator between two consecutive non-empty pieces (§4.8).
+
+    - neither side has a newline at the junction -> "\\n\\n";
+    - exactly one side has one and the junction is not already a double break -> "\\n";
+    - otherwise (both sides have one, or one side already carries "\\n\\n") -> "".
+    """
+    left_nl = left.endswith("\n")
+    right_nl = right.startswith("\n")
+    if not left_nl and not right_nl:
+        return "\n\n"
+    if left_nl != right_nl and not (left.endswith("\n\n") or right.startswith("\n\n")):
+        return "\n"
+    return ""
+
+
+def paragraph_join(pieces: Sequence[str]) -> str:
+    """Join decoded kept runs so each cut falls on a paragraph break (§4.8).
+
+    The junction rule looks at the text on both sides of each cut (see `_junction`). Empty
+    pieces contribute nothing and make no junction: the next piece is joined to the text
+    before them.
+    """
+    out = ""
+    for piece in pieces:
+        if not piece:
+            continue
+        out = out + _junction(out, piece) + piece if out else piece
+    return out
+
+
+_paragraph_join_text = paragraph_join  # `assemble` shadows the name with its flag
+
+
+# --------------------------------------------------------------------------- assembly
+
+
+@dataclass(frozen=True)
+class Assembly:
+    """One assembled compressed prompt.
+
+    - `kept_spans`: canonical **drafter** spans that were kept, in source order.
+    - `run_texts`: each kept run decoded on its own with the drafter tokenizer.
+    - `text`: the prompt text served to the target (runs joined as configured).
+    - `target_ids`: `text` encoded with the **target** tokenizer, no special tokens added.
+    - `join_overhead`: target tokens of `text` minus target tokens of the plain text (the
+      kept drafter ids decoded as one stream), when the paragraph join is used; else 0.
+      Excluded from the ceiling check (§4.8). May be negative when a tokenizer merges
+      across a cut.
+    - `marker_tokens`: target tokens the cut markers add (§4.9 experiment; 0 when off).
+      Unlike the join they are paid **inside** the budget (the selector is charged
+      `cut_marker_drafter_tokens` per gap), so they count against the ceiling.
+    """
+
+    kept_spans: tuple[Span, ...]
+    run_texts: tuple[str, ...]
+    text: str
+    target_ids: tuple[int, ...]
+    join_overhead: int = 0
+    marker_tokens: int = 0
+
+    @property
+    def n_target_tokens(self) -> int:
+        return len(self.target_ids)
+
+    @property
+    def ceiling_tokens(self) -> int:
+        """Target tokens that count against the ceiling: |final| - join_overhead (§5.8)."""
+        return len(self.target_ids) - self.join_overhead
+
+
+def _encode_ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
+    """Target-side encode: no BOS/EOS added; marker text becomes marker tokens."""
+    return tuple(int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _check_kept_spans(kept_spans: Sequence[Span], n_drafter: int) -> tuple[Span, ...]:
+    spans = tuple(kept_spans)
+    if not spans:
+        raise CompressionFailed("assembly", "selection kept no tokens")
+    if spans != canonicalize(spans):
+        raise CompressionFailed(
+            "assembly", f"kept spans are not canonical: {[s.as_list() for s in spans]}"
+        )
+    if spans[0].begin < 0 or spans[-1].end > n_drafter:
+        raise CompressionFailed(
+            "assembly",
+            f"kept spans {spans[0].as_list()}..{spans[-1].as_list()} leave the "
+            f"{n_drafter} drafter tokens",
+        )
+    return spans
+
+
+def assemble(
+    drafter_tokenizer: Tokenizer,
+    target_tokenizer: Tokenizer,
+    drafter_ids: Sequence[int],
+    kept_spans: Sequence[Span],
+    *,
+    paragraph_join: bool,
+    cut_marker: bool = False,
+) -> Assembly:
+    """Decode the kept **drafter** runs, join them, re-encode with the **target** tokenizer.
+
+    `kept_spans` must be canonical drafter spans (sorted, non-empty, non-touching) inside
+    `drafter_ids`; anything else, or no span at all, fails closed with
+    `CompressionFailed("assembly")`. Pass the config's `select_paragraph_join` and
+    `assembly_cut_marker`. Container headers (§4.9) need nothing here: the selector adds
+    them to the kept spans (`selection.fit_assembly_overhead`).
+
+    Joining, by precedence:
+    - `cut_marker` (§4.9 experiment): `CUT_MARKER` between consecutive runs; its tokens are
+      reported as `marker_tokens` and count against the ceiling.
+    - `paragraph_join`: the §4.8 junction rule; its tokens are `join_overhead`.
+    - neither: the kept drafter ids decoded as one stream (the reference's plain decode).
+    """
+    spans = _check_kept_spans(kept_spans, len(drafter_ids))
+    run_texts = tuple(decode_ids(drafter_tokenizer, drafter_ids[s.begin : s.end]) for s in spans)
+    kept_ids = [int(i) for s in spans for i in drafter_ids[s.begin : s.end]]
+    plain = decode_ids(drafter_tokenizer, kept_ids)
+
+    marker = cut_marker and len(spans) > 1
+    if marker:
+        text = CUT_MARKER.join(run_texts)
+    elif paragraph_join and len(spans) > 1:
+        text = _paragraph_join_text(run_texts)
+    else:
+        text = plain
+    target_ids = _encode_ids(target_tokenizer, text)
+    extra = 0 if text == plain else len(target_ids) - len(_encode_ids(target_tokenizer, plain))
+    return Assembly(
+        kept_spans=spans,
+        run_texts=run_texts,
+        text=text,
+        target_ids=target_ids,
+        join_overhead=0 if marker else extra,
+        marker_tokens=extra if marker else 0,
+    )
+
+
+def cut_marker_drafter_tokens(drafter_tokenizer: Tokenizer) -> int:
+    """Drafter tokens one `CUT_MARKER` costs (§4.9 experiment), for the selector's budget.
+
+    Pass it as `marker_tokens` to `selection.fit_assembly_overhead`, which pays one marker
+    per gap between kept runs inside the **drafter** budget by dropping the lowest-ranked
+    optional candidates until the total fits. 0 when the experiment is off is the caller's
+    choice (`assembly_cut_marker`).
+    """
+    return len(_encode_ids(drafter_tokenizer, CUT_MARKER))
+
+
+def find_containers(
+    drafter: TokenizedText, header_max: int
+) -> tuple[tuple[Span, ...], tuple[Span, ...]]:
+    """Container extents and their header spans, **drafter** tokens (§4.9 experiment hook).
+
+    Would find containers (e.g. a document and its title line, at most `header_max` tokens)
+    for `selection.fit_assembly_overhead(container_extents=..., container_headers=...)`.
+    Not implemented: the reference's container grammar is not specified. Called only when
+    `select_container_headers` is on, so enabling it fails loudly instead of serving a
+    prompt without the headers it asked for.
+    """
+    raise NotImplementedError(
+        "select_container_headers is an assembly experiment hook that is not implemented"
+    )
+
+
+# --------------------------------------------------------------------------- ceiling retry
+
+
+class CeilingMeasured(Protocol):
+    @property
+    def ceiling_tokens(self) -> int: ...
+
+
+A = TypeVar("A", bound=CeilingMeasured)
+
+
+class CeilingFit(NamedTuple, Generic[A]):
+    """The accepted attempt, the keep ratio it was made with, and attempts used (1-based)."""
+
+    assembly: A
+    r_used: float
+    attempts: int
+
+
+def fit_ceiling(
+    attempt: Callable[[float], A],
+    r_requested: float,
+    ceiling: int,
+    max_attempts: int = CEILING_ATTEMPTS,
+) -> CeilingFit[A]:
+    """Run `attempt(keep_ratio)` until its prompt fits the target-token ceiling (§5.8 2-10).
+
+    `attempt` selects and assembles at the given keep ratio and returns something with
+    `ceiling_tokens` (an `Assembly`: target tokens minus join overhead). Accept when
+    `ceiling_tokens <= ceiling`. Otherwise overflow = ceiling_tokens - ceiling and
+    tightened = ceiling - overflow - 1; stop when this was the last attempt or
+    tightened <= 0, else retry with r = r_requested * tightened / ceiling (always scaled
+    from the requested ratio, not the previous one). The retry absorbs tokenizer mismatch:
+    the drafter budget is in drafter tokens, the ceiling in target tokens.
+
+    Contract: the returned attempt is never over the ceiling; when no attempt fits,
+    `CompressionFailed("ceiling", "final prompt exceeds target-token ceiling (a > b)")` is
+    raised with the last attempt's count. Errors raised by `attempt` propagate.
+    """
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+    r = r_requested
+    measured = 0
+    for index in range(max_attempts):
+        result = attempt(r)
+        measured = int(result.ceiling_tokens)
+        if measured <= ceiling:
+            return CeilingFit(result, r, index + 1)
+        overflow = measured - ceiling
+        tightened = ceiling - overflow - 1
+        if index >= max_attempts - 1 or tightened <= 0:
+            break
+        r = r_requested * tightened / ceiling
+    raise CompressionFailed(
+        "ceiling", f"final prompt exceeds target-token ceiling ({measured} > {ceiling})"
+    )
+
+
+# --------------------------------------------------------------------------- recall block
+
+
+def clean_excerpt(
+    text: str,
+    *,
+    role_markers: Sequence[str] = (),
+    end_markers: Sequence[str] = (),
+    generic_role: bool = False,
+) -> str:
+    """One recalled excerpt, stripped of chat structure (§6.2).
+
+    Every role marker (e.g. "<|im_start|>") and end marker (e.g. "<|im_end|>") becomes
+    "\\n". For generic-role families (ChatML/Qwen, Gemma) the role name that follows a role
+    marker ("user\\n", or a bare name cut off at the excerpt's end) is removed too. The
+    result is trimmed; "" means the excerpt is empty and `recall_block` skips it.
+    """
+    markers = sorted({m for m in (*role_markers, *end_markers) if m}, key=len, reverse=True)
+    if not markers:
+        return text.strip()
+    roles = {m for m in role_markers if m}
+    pattern = "|".join(
+        re.escape(m) + (r"(?:[^\s<]*(?:\n|\Z))?" if generic_role and m in roles else "")
+        for m in markers
+    )
+    return re.sub(pattern, lambda _: "\n", text).strip()
+
+
+def recall_block(excerpts: Sequence[str]) -> str:
+    """The recall block that opens a new user turn's content (§6.2), or "" if no excerpt.
+
+    ```
+    [Earlier in this conversation]
+    <excerpt>
+
+    <excerpt>
+    [End of earlier excerpts]
+
+    ```
+    Excerpts should be `clean_excerpt` output; empty or blank ones are skipped.
+    """
+    kept = [e for e in excerpts if e.strip()]
+    if not kept:
+        return ""
+    return RECALL_HEADER + RECALL_SEPARATOR.join(kept) + RECALL_FOOTER
+
+
+def recall_text(
+    drafter_tokenizer: Tokenizer,
+    drafter_ids: Sequence[int],
+    recalled_spans: Sequence[Span],
+    *,
+    role_markers: Sequence[str] = (),
+    end_markers: Sequence[str] = (),
+    generic_role: bool = False,
+) -> str:
+    """Recall block for recalled **drafter** spans: each span decoded and cleaned (§6.2)."""
+    excerpts = [
+        clean_excerpt(
+            decode_ids(drafter_tokenizer, drafter_ids[s.begin : s.end]),
+            role_markers=role_markers,
+            end_markers=end_markers,
+            generic_role=generic_role,
+        )
+        for s in canonicalize(recalled_spans)
+    ]
+    return recall_block(excerpts)

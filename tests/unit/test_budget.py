@@ -1,0 +1,208 @@
+"""Keep ratio, budget over droppable tokens, context fit and the auto gate (ALGORITHM.md §5.7,
+§11.2, §10.2 item 30). Drafter-token and target-token quantities are named as such."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pflash.budget import (
+    configured_keep_ratio,
+    curve_ratio,
+    effective_keep_ratio,
+    fits_context,
+    plan_budget,
+    plan_budget_for,
+    target_estimate,
+)
+from pflash.config import build_config
+from pflash.errors import CompressionFailed
+from pflash.query import Plan
+from pflash.spans import Span, TokenizedText
+
+# --------------------------------------------------------------------------- configured ratio
+
+
+def test_curve_interpolates_and_clamps():
+    """Item 30: points (10000, .5), (40000, .2), (100000, .1)."""
+    curve = ((10000, 0.5), (40000, 0.2), (100000, 0.1))
+    assert curve_ratio(curve, 5000) == 0.5
+    assert curve_ratio(curve, 25000) == pytest.approx(0.35)
+    assert curve_ratio(curve, 70000) == pytest.approx(0.15)
+    assert curve_ratio(curve, 200000) == 0.1
+
+
+def test_configured_ratio_prefers_the_curve():
+    assert configured_keep_ratio(build_config({"keep_ratio": 0.3}, env={}), 50000) == 0.3
+    config = build_config({"keep_ratio": 0.3, "curve": "10000:0.5 40000:0.2"}, env={})
+    assert configured_keep_ratio(config, 50000) == 0.2
+
+
+# --------------------------------------------------------------------------- effective ratio
+
+
+def test_worked_example_effective_ratio_budget_and_ceiling():
+    """§1.1: S=20000 with K=2000 pinned and r0=0.05 -> r=0.14505, budget 2901, ceiling
+    floor(prompt_tokens * r). K here: chunk 0 holds the system pin, the last chunk the query."""
+    plan = plan_budget(
+        n_tokens=20000,
+        prompt_tokens=18000,
+        r0=0.05,
+        chunk_size=1000,
+        query=Span(19999, 20000),
+        system=(Span(0, 400),),
+        mode="always",
+    )
+    assert plan.kept_tokens == 2000
+    assert plan.keep_ratio == pytest.approx(0.14505, rel=1e-7)
+    assert plan.budget == 2901
+    assert plan.ceiling == math.floor(18000 * plan.keep_ratio) == 2610
+
+
+def test_effective_ratio_is_rounded_to_float32_like_the_reference():
+    """§11.2: (0 + 0.05*1000 + 1)/1000 = 0.051 in double gives 51 tokens, but the reference
+    stores r as float32 (0.0509999990...), so its budget is 50."""
+    r = effective_keep_ratio(0.05, 0, 1000)
+    assert r != 0.051
+    assert math.floor(1000 * 0.051) == 51
+    assert math.floor(1000 * r) == 50
+
+
+def test_effective_ratio_is_capped_at_one():
+    assert effective_keep_ratio(0.5, 999, 1000) == 1.0
+
+
+def test_budget_always_covers_the_mandatory_chunks():
+    plan = plan_budget(
+        n_tokens=3000, prompt_tokens=2500, r0=0.01, chunk_size=512, query=Span(2990, 3000)
+    )
+    assert plan.kept_tokens == 3000 - 2560  # the short last chunk
+    assert plan.budget >= plan.kept_tokens + math.floor(0.01 * (3000 - plan.kept_tokens))
+
+
+def test_suffix_candidates_do_not_count_the_tail_as_kept():
+    common = dict(
+        n_tokens=4096, prompt_tokens=4096, r0=0.1, chunk_size=1024, query=Span(1000, 1008)
+    )
+    chat = plan_budget(**common)
+    agent = plan_budget(**common, suffix_candidates=True)
+    assert chat.kept_tokens == 4096  # query chunk and everything after it
+    assert agent.kept_tokens == 1024
+
+
+# --------------------------------------------------------------------------- context fit
+
+
+def test_target_estimate_rounds_up():
+    assert target_estimate(prompt_tokens=1000, drafter_tokens=1, n_tokens=3) == 334
+    assert target_estimate(prompt_tokens=900, drafter_tokens=1, n_tokens=3) == 300
+
+
+def test_fits_context_without_limit():
+    assert fits_context(10**6, 10**6, 10**6, None, 10**6)
+    assert fits_context(10**6, 10**6, 10**6, 0, 10**6)
+    assert fits_context(100, 50, 100, 100, 50)
+    assert not fits_context(100, 51, 100, 100, 50)
+
+
+def _fit_plan(**overrides):
+    args = dict(
+        n_tokens=10000,
+        prompt_tokens=10000,
+        r0=0.05,
+        chunk_size=1000,
+        query=Span(9999, 10000),
+        required=(Span(9990, 10000),),
+        system=(Span(0, 500),),
+        instruction_role=(Span(2000, 4500),),
+        max_ctx=4096,
+        max_output=1000,
+    )
+    args.update(overrides)
+    return plan_budget(**args)
+
+
+def test_instruction_role_pins_are_kept_when_they_fit():
+    plan = _fit_plan(max_ctx=6000)
+    assert not plan.instruction_role_dropped
+    assert plan.kept_tokens == 5000  # chunks 0, 2, 3, 4, 9
+    assert Span(2000, 4500) in plan.pinned
+
+
+def test_instruction_role_pins_are_dropped_when_they_do_not_fit():
+    plan = _fit_plan()
+    assert plan.instruction_role_dropped
+    assert plan.kept_tokens == 2000  # chunk 0 (system) and chunk 9 (query)
+    assert plan.pinned == (Span(0, 500), Span(9990, 10000))
+
+
+def test_system_prompt_alone_too_large_fails_closed():
+    with pytest.raises(CompressionFailed) as err:
+        _fit_plan(system=(Span(0, 3500),))
+    assert err.value.stage == "context_fit"
+    assert "system prompt alone does not fit" in err.value.message
+    assert "does not compress system prompts" in err.value.message
+
+
+# --------------------------------------------------------------------------- auto gate
+
+
+def test_auto_compresses_when_droppable_reaches_threshold():
+    plan = _fit_plan(max_ctx=None, mode="auto", threshold=8000)
+    assert plan.droppable == 10000 - 5000
+    assert not plan.compress
+    assert plan.reason == "droppable_below_threshold"
+    plan = _fit_plan(max_ctx=None, mode="auto", threshold=5000)
+    assert plan.compress
+    assert plan.reason == "droppable_at_least_threshold"
+
+
+def test_always_and_off_ignore_the_threshold():
+    assert _fit_plan(max_ctx=None, mode="always", threshold=10**9).compress
+    off = _fit_plan(max_ctx=None, mode="off", threshold=0)
+    assert not off.compress
+    assert off.reason == "mode_off"
+
+
+def test_droppable_is_in_target_tokens():
+    # 2 target tokens per drafter token: the 1000 kept drafter tokens are worth 2000 target tokens
+    plan = plan_budget(
+        n_tokens=5000,
+        prompt_tokens=10000,
+        r0=0.05,
+        chunk_size=1000,
+        query=Span(4999, 5000),
+        mode="auto",
+        threshold=8000,
+    )
+    assert plan.kept_tokens == 1000
+    assert plan.droppable == 8000
+    assert plan.compress
+
+
+# --------------------------------------------------------------------------- from a Plan
+
+
+def test_plan_budget_for_reads_the_plan_and_config():
+    n = 6000
+    drafter = TokenizedText(
+        text="x" * n, ids=tuple(range(n)), offsets=tuple((i, i + 1) for i in range(n))
+    )
+    plan = Plan(
+        drafter=drafter,
+        query_span=Span(5990, 6000),
+        query=Span(5992, 6000),
+        query_rule="prompt_end",
+        system=(Span(0, 10),),
+        instruction_role=(Span(1100, 1200),),
+    )
+    config = build_config({"keep_ratio": 0.1, "mode": "auto", "threshold": 100}, env={})
+    budget = plan_budget_for(plan, config, prompt_tokens=4800, max_ctx=None, max_output=0)
+    assert budget.chunk_size == 1024  # S = 6000 -> scheduled 1024
+    assert budget.kept_tokens == 1024 + 1024 + (6000 - 5120)  # system, instruction, query chunks
+    assert budget.r0 == 0.1
+    assert budget.compress
+    adaptive = plan_budget_for(plan, config, prompt_tokens=4800, max_ctx=None, max_output=0, r0=0.2)
+    assert adaptive.r0 == 0.2
+    assert adaptive.budget > budget.budget
