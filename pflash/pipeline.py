@@ -1,0 +1,512 @@
+"""One request end to end: plan → budget → score → segments → select → assemble → stats.
+
+Split in two halves around the drafter call so the Ray ingress can await the remote scorer
+between them (and the CLI/tests can call one `compress` with a local scorer):
+
+    prepared = prepare(inp, ...)              # pure: plan, budget, gate, the ScoreRequest
+    scores   = scorer(prepared.score_request) # the drafter (remote in the Serve app)
+    result   = finish(prepared, scores, ...)  # pure: select, assemble, ceiling retries
+
+Everything fails closed: a plan, scorer, selection or ceiling failure raises
+`CompressionFailed` naming the stage; nothing here silently serves the original prompt.
+Serving uncompressed is an explicit outcome (`Prepared.compress` False with a reason).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pflash.assemble import Assembly, assemble, fit_ceiling
+from pflash.budget import BudgetPlan, configured_keep_ratio, plan_budget_for
+from pflash.config import PFlashConfig
+from pflash.errors import CompressionFailed
+from pflash.query import Plan, plan_prompt
+from pflash.scoring import Scorer, ScoreRequest, ScoreResult, candidate_lifts
+from pflash.segments import ProbeParams, Segmentation, segment
+from pflash.selection import (
+    Candidates,
+    LegacyParams,
+    SelectionResult,
+    build_candidates,
+    kept_spans,
+    resolve_score_kind,
+    select_candidates,
+    select_legacy,
+    select_split,
+    span_sums,
+)
+from pflash.spans import Span, decode_ids
+from pflash.trace import SelectionTrace, TraceWriter
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """One prompt to compress. `prompt_ids` are **target** tokens, exactly what the target
+    would prefill (chat template applied). The chat inputs are given for chat requests so
+    pins can be found by re-rendering; None for raw completions."""
+
+    prompt_ids: tuple[int, ...]
+    messages: Sequence[Mapping] | None = None
+    tools: Sequence[Mapping] | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    pflash_query: str | None = None
+    pflash_required: tuple[str, ...] = ()
+    max_output: int = 0
+    max_context: int | None = None
+    session_key: str | None = None
+    r0: float | None = None  # the adaptive controller's ratio for this session, if any
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The pure first half: the plan, the budget, and what to ask the scorer.
+
+    `compress` False means serve the original prompt (mode off, or auto below threshold);
+    `reason` says why. `score_request` is None exactly then.
+    """
+
+    input: PromptInput
+    prompt_text: str
+    plan: Plan
+    budget: BudgetPlan | None
+    compress: bool
+    reason: str
+    score_request: ScoreRequest | None
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True)
+class Compressed:
+    """What the target is served.
+
+    - `served_ids` (target tokens) and `served_text`: the compressed prompt, or the original
+      when `compressed` is False.
+    - `kept_spans`: drafter spans kept; `candidate_lifts`: (span, lift) per candidate for
+      recall (head scorer only; empty otherwise).
+    - `stats`: `usage.timings.pflash` fields (names as in the API contract).
+    """
+
+    compressed: bool
+    served_ids: tuple[int, ...]
+    served_text: str
+    kept_spans: tuple[Span, ...]
+    candidate_lifts: tuple[tuple[Span, float], ...]
+    stats: dict[str, Any]
+    plan: Plan | None = None
+    reason: str = ""
+
+
+# ---------------------------------------------------------------------------- first half
+
+
+def prepare(
+    inp: PromptInput,
+    *,
+    config: PFlashConfig,
+    target_tokenizer,
+    drafter_tokenizer,
+) -> Prepared:
+    """Plan queries and pins, size the budget, and decide whether to compress at all."""
+    prompt_text = decode_ids(target_tokenizer, inp.prompt_ids)
+    plan = plan_prompt(
+        prompt_text=prompt_text,
+        drafter_tokenizer=drafter_tokenizer,
+        target_tokenizer=target_tokenizer,
+        config=config,
+        messages=inp.messages,
+        tools=inp.tools,
+        chat_template_kwargs=inp.chat_template_kwargs,
+        pflash_query=inp.pflash_query,
+        pflash_required=inp.pflash_required,
+    )
+    prompt_tokens = len(inp.prompt_ids)
+    if not config.strict:
+        return _prepare_legacy(inp, prompt_text, plan, config)
+    budget = plan_budget_for(
+        plan,
+        config,
+        prompt_tokens=prompt_tokens,
+        max_ctx=inp.max_context,
+        max_output=inp.max_output,
+        r0=inp.r0,
+    )
+    if not budget.compress:
+        return Prepared(inp, prompt_text, plan, budget, False, budget.reason, None)
+    suffix = plan.query_suffix_candidates and config.select_scorer != "split"
+    request = ScoreRequest(
+        ids=plan.drafter.ids,
+        windows=plan.windows(),
+        query=plan.query,
+        suffix_candidates=suffix,
+        scorer=config.select_scorer,
+        session_key=inp.session_key,
+        want_tap=config.segment_probe_gguf is not None and config.select_segments != "fixed",
+    )
+    return Prepared(inp, prompt_text, plan, budget, True, budget.reason, request)
+
+
+def _prepare_legacy(
+    inp: PromptInput, prompt_text: str, plan: Plan, config: PFlashConfig
+) -> Prepared:
+    """Legacy (v1) path: gate on the prompt length alone, tail scorer over the query rows."""
+    prompt_tokens = len(inp.prompt_ids)
+    if config.mode == "off":
+        return Prepared(inp, prompt_text, plan, None, False, "mode_off", None)
+    if config.mode == "auto" and prompt_tokens < config.threshold:
+        return Prepared(inp, prompt_text, plan, None, False, "prompt_below_threshold", None)
+    n = plan.n_tokens
+    rows = min(config.legacy_query_tokens, max(0, n - 1))
+    if rows <= 0:
+        return Prepared(inp, prompt_text, plan, None, False, "prompt_too_short", None)
+    query = Span(n - rows, n)
+    request = ScoreRequest(
+        ids=plan.drafter.ids, windows=(), query=query, scorer="legacy", session_key=inp.session_key
+    )
+    return Prepared(
+        inp,
+        prompt_text,
+        plan,
+        None,
+        True,
+        "always" if config.mode == "always" else "prompt_at_least_threshold",
+        request,
+    )
+
+
+# ---------------------------------------------------------------------------- second half
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One selection + assembly at a keep ratio (what the ceiling loop retries)."""
+
+    assembly: Assembly
+    selection: SelectionResult
+    token_budget: int
+
+    @property
+    def ceiling_tokens(self) -> int:
+        return self.assembly.ceiling_tokens
+
+
+def finish(
+    prepared: Prepared,
+    scores: ScoreResult,
+    *,
+    config: PFlashConfig,
+    target_tokenizer,
+    drafter_tokenizer,
+    boundary: np.ndarray | None = None,
+    subunit: np.ndarray | None = None,
+    probe_params: ProbeParams | None = None,
+    trace: TraceWriter | None = None,
+) -> Compressed:
+    """Select, assemble and fit the ceiling, given the scorer's per-token scores."""
+    if not prepared.compress or prepared.score_request is None:
+        raise ValueError("finish() needs a prepared request that compresses")
+    if not config.strict:
+        return _finish_legacy(prepared, scores, config, target_tokenizer, drafter_tokenizer, trace)
+    plan, budget = prepared.plan, prepared.budget
+    assert budget is not None
+    n = plan.n_tokens
+    token_scores = _head_scores(scores, config, n)
+    suffix = prepared.score_request.suffix_candidates
+    seg = segment(
+        n,
+        mode=config.select_segments,
+        chunk_size=budget.chunk_size,
+        query=plan.query,
+        pinned=budget.pinned,
+        suffix_candidates=suffix,
+        boundary=boundary,
+        subunit=subunit,
+        params=probe_params,
+    )
+    kind = resolve_score_kind(config.select_score, seg.kind, config.select_scorer)
+    cands = build_candidates(
+        seg,
+        token_scores,
+        query=plan.query,
+        pinned=budget.pinned,
+        suffix_candidates=suffix,
+        kind=kind,
+    )
+    other = _legacy_candidate_scores(scores, seg) if config.select_scorer == "split" else None
+
+    def attempt(r: float) -> _Attempt:
+        token_budget = math.floor(n * float(np.float32(r)))
+        if token_budget <= 0:
+            raise CompressionFailed(
+                "selection", f"keep ratio {r:.4g} leaves no budget over {n} drafter tokens"
+            )
+        sel = _select(cands, other, token_budget, config, skip_oversized=seg.kind == "probe")
+        if not sel.ok:
+            raise CompressionFailed(
+                "selection",
+                f"{sel.stop_reason}: {sel.error or 'no selection'} (budget {token_budget})",
+            )
+        spans = kept_spans(cands, sel.ordinals)
+        asm = assemble(
+            drafter_tokenizer,
+            target_tokenizer,
+            plan.drafter.ids,
+            spans,
+            paragraph_join=config.select_paragraph_join,
+            cut_marker=config.assembly_cut_marker,
+        )
+        return _Attempt(asm, sel, token_budget)
+
+    fit = fit_ceiling(attempt, budget.keep_ratio, budget.ceiling)
+    chosen: _Attempt = fit.assembly
+    lifts = tuple(candidate_lifts(scores.mass, seg.spans())) if scores.mass is not None else ()
+    stats = _stats(prepared, scores, chosen, fit.r_used, len(seg), budget.kept_tokens)
+    if trace is not None:
+        trace.write(_selection_trace(prepared, config, seg, cands, other, chosen, fit.r_used, kind))
+    return Compressed(
+        compressed=True,
+        served_ids=tuple(chosen.assembly.target_ids),
+        served_text=chosen.assembly.text,
+        kept_spans=chosen.assembly.kept_spans,
+        candidate_lifts=lifts,
+        stats=stats,
+        plan=plan,
+        reason=prepared.reason,
+    )
+
+
+def _head_scores(scores: ScoreResult, config: PFlashConfig, n: int) -> np.ndarray:
+    """The per-token scores the candidates are ranked by; fail closed on a bad scorer reply."""
+    arr = scores.legacy if config.select_scorer == "legacy" else scores.mass
+    if arr is None:
+        raise CompressionFailed("drafter", f"scorer {config.select_scorer!r} returned no scores")
+    arr = np.asarray(arr)
+    if arr.shape != (n,):
+        raise CompressionFailed(
+            "drafter", f"scorer returned {arr.shape} scores for {n} drafter tokens"
+        )
+    if not np.all(np.isfinite(arr)):
+        raise CompressionFailed("drafter", "non-finite scores")
+    return arr
+
+
+def _legacy_candidate_scores(scores: ScoreResult, seg: Segmentation) -> np.ndarray:
+    if scores.legacy is None:
+        raise CompressionFailed("drafter", "split scorer returned no legacy scores")
+    return span_sums(scores.legacy, seg.begin, seg.end) / (seg.end - seg.begin)
+
+
+def _select(
+    cands: Candidates,
+    other: np.ndarray | None,
+    budget: int,
+    config: PFlashConfig,
+    *,
+    skip_oversized: bool,
+) -> SelectionResult:
+    if other is not None:
+        return select_split(
+            cands,
+            other,
+            budget=budget,
+            fraction=config.select_split,
+            mode=config.select_mode,
+            top_p=config.select_top_p,
+            skip_oversized=skip_oversized,
+        )
+    return select_candidates(
+        cands,
+        budget=budget,
+        mode=config.select_mode,
+        top_p=config.select_top_p,
+        top_k=config.select_topk,
+        skip_oversized=skip_oversized,
+    )
+
+
+def _stats(
+    prepared: Prepared, scores: ScoreResult, chosen: _Attempt, r: float, n_segments: int, kept: int
+) -> dict[str, Any]:
+    plan = prepared.plan
+    history = sum(1 for w in plan.windows() if w.kind == "history")
+    return {
+        "compress_ms": round((time.perf_counter() - prepared.started) * 1000.0, 1),
+        "drafter_input_tokens": plan.n_tokens,
+        "kept_tokens": kept,
+        "compressed_tokens": len(chosen.assembly.target_ids),
+        "keep_ratio": float(np.float32(r)),
+        "query_rule": plan.query_rule,
+        "history_queries": history,
+        "segments": n_segments,
+        "stop_reason": chosen.selection.stop_reason,
+        "scorer_resume": scores.scorer_resume,
+        "scorer_new_tokens": scores.scorer_new_tokens,
+        "scorer_forward_ms": round(scores.scorer_forward_ms, 1),
+    }
+
+
+def _selection_trace(
+    prepared, config, seg, cands, other, chosen: _Attempt, r, kind
+) -> SelectionTrace:
+    plan = prepared.plan
+    ordinals = set(chosen.selection.ordinals)
+    return SelectionTrace(
+        schema_version=3,
+        input_tokens=plan.n_tokens,
+        keep_ratio=float(np.float32(r)),
+        input_ids=list(plan.drafter.ids),
+        query_begin=plan.query.begin,
+        query_end=plan.query.end,
+        selector_mode=config.select_mode,
+        query_parser=config.select_query_parser,
+        token_budget=chosen.token_budget,
+        top_k=config.select_topk,
+        retained_tokens=chosen.selection.retained_tokens,
+        required_instruction_spans=prepared.budget.pinned,
+        stop_reason=chosen.selection.stop_reason,
+        retained_mass=chosen.selection.retained_mass,
+        segmentation=seg.kind,
+        candidate_score=kind,
+        scorer=config.select_scorer,
+        split_fraction=config.select_split if config.select_scorer == "split" else 0.0,
+        other_chunk_scores=() if other is None else tuple(float(x) for x in other.tolist()),
+        segments=seg.spans(),
+        chunk_size=seg.chunk_size,
+        n_lookahead=len(plan.query),
+        pool_kernel=1,
+        n_keep=len(ordinals),
+        chunk_scores=[float(x) for x in cands.score.tolist()],
+        selected_chunks=sorted(int(o) for o in ordinals),
+        forced_chunks=[bool(x) for x in cands.mandatory.tolist()],
+        compressed_ids=[
+            t for s in chosen.assembly.kept_spans for t in plan.drafter.ids[s.begin : s.end]
+        ],
+    )
+
+
+def _finish_legacy(
+    prepared, scores, config, target_tokenizer, drafter_tokenizer, trace
+) -> Compressed:
+    """Legacy selector: chunk means of the smoothed tail scores, head/tail + anchors (§4.1)."""
+    plan = prepared.plan
+    n = plan.n_tokens
+    if scores.legacy is None or np.asarray(scores.legacy).shape != (n,):
+        raise CompressionFailed("drafter", "legacy scorer returned no per-token scores")
+    r0 = configured_keep_ratio(config, len(prepared.input.prompt_ids))
+    sel = select_legacy(
+        np.asarray(plan.drafter.ids),
+        np.asarray(scores.legacy),
+        r0,
+        LegacyParams.from_config(config, repeat_rule=bool(config.legacy_repeat_rule)),
+    )
+    asm = assemble(
+        drafter_tokenizer,
+        target_tokenizer,
+        plan.drafter.ids,
+        sel.kept,
+        paragraph_join=config.select_paragraph_join,
+    )
+    text, ids = asm.text, list(asm.target_ids)
+    # Query survival (§4.8): the question must reach the target even if its chunks were dropped.
+    turn = plan.turn_query or plan.query_span
+    user_text = decode_ids(drafter_tokenizer, plan.drafter.ids[turn.begin : turn.end]).strip()
+    kept_ids = [t for s in sel.kept for t in plan.drafter.ids[s.begin : s.end]]
+    if user_text and not _subsequence_survives(
+        kept_ids, list(plan.drafter.ids[turn.begin : turn.end])
+    ):
+        text = text + "\n" + user_text
+        ids = list(target_tokenizer(text, add_special_tokens=False)["input_ids"])
+    stats = {
+        "compress_ms": round((time.perf_counter() - prepared.started) * 1000.0, 1),
+        "drafter_input_tokens": n,
+        "kept_tokens": 0,
+        "compressed_tokens": len(ids),
+        "keep_ratio": float(np.float32(r0)),
+        "query_rule": plan.query_rule,
+        "history_queries": 0,
+        "segments": sel.n_chunks,
+        "stop_reason": "legacy",
+        "scorer_resume": scores.scorer_resume,
+        "scorer_new_tokens": scores.scorer_new_tokens,
+        "scorer_forward_ms": round(scores.scorer_forward_ms, 1),
+    }
+    del trace
+    return Compressed(True, tuple(ids), text, sel.kept, (), stats, plan, prepared.reason)
+
+
+def _subsequence_survives(kept: list[int], query: list[int], min_fraction: float = 0.8) -> bool:
+    """Greedy backwards subsequence match of the query in the kept ids (§4.8 legacy rule)."""
+    if not query or len(query) >= 1000:
+        return True
+    qi, matched = len(query) - 1, 0
+    for tok in reversed(kept):
+        if qi < 0:
+            break
+        if tok == query[qi]:
+            matched += 1
+            qi -= 1
+    return matched >= min_fraction * len(query)
+
+
+# ---------------------------------------------------------------------------- one call
+
+
+def uncompressed(prepared: Prepared) -> Compressed:
+    """The original prompt, for a request the gate chose not to compress."""
+    ids = prepared.input.prompt_ids
+    stats = {
+        "compress_ms": round((time.perf_counter() - prepared.started) * 1000.0, 1),
+        "drafter_input_tokens": prepared.plan.n_tokens,
+        "kept_tokens": prepared.budget.kept_tokens if prepared.budget else 0,
+        "compressed_tokens": len(ids),
+        "keep_ratio": 1.0,
+        "query_rule": prepared.plan.query_rule,
+        "stop_reason": prepared.reason,
+    }
+    return Compressed(
+        False, tuple(ids), prepared.prompt_text, (), (), stats, prepared.plan, prepared.reason
+    )
+
+
+def compress(
+    inp: PromptInput,
+    *,
+    config: PFlashConfig,
+    target_tokenizer,
+    drafter_tokenizer,
+    scorer: Scorer,
+    probe: Callable[[ScoreResult], tuple[np.ndarray, np.ndarray | None]] | None = None,
+    probe_params: ProbeParams | None = None,
+    trace: TraceWriter | None = None,
+) -> Compressed:
+    """`prepare` → scorer → (probe) → `finish`, in process. The gate may decline to compress."""
+    prepared = prepare(
+        inp, config=config, target_tokenizer=target_tokenizer, drafter_tokenizer=drafter_tokenizer
+    )
+    if not prepared.compress:
+        return uncompressed(prepared)
+    try:
+        scores = scorer(prepared.score_request)
+    except CompressionFailed:
+        raise
+    except Exception as exc:  # any scorer crash is a drafter-stage failure, never a bypass
+        raise CompressionFailed("drafter", f"{type(exc).__name__}: {exc}") from exc
+    boundary = subunit = None
+    if probe is not None and prepared.score_request.want_tap:
+        boundary, subunit = probe(scores)
+    return finish(
+        prepared,
+        scores,
+        config=config,
+        target_tokenizer=target_tokenizer,
+        drafter_tokenizer=drafter_tokenizer,
+        boundary=boundary,
+        subunit=subunit,
+        probe_params=probe_params,
+        trace=trace,
+    )

@@ -1,0 +1,218 @@
+"""pipeline.compress end to end on real tokenizers with deterministic scorers.
+
+The scorers here are test doubles of the drafter (pure functions of the token ids): they
+put attention mass on the needle sentence's tokens, so what is asserted is the pipeline's
+own work - plan, budget, candidates, selection, assembly, ceiling, stats, fail-closed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pflash.chat import render_chat
+from pflash.config import build_config
+from pflash.errors import CompressionFailed
+from pflash.pipeline import PromptInput, compress, prepare
+from pflash.scoring import ScoreResult
+from pflash.trace import TraceWriter, read_traces
+
+NEEDLE = "The special magic quokka number is: 7318842."
+QUESTION = "What is the special magic quokka number?"
+
+
+def _document(chars: int = 12000) -> str:
+    body = open("/usr/share/common-licenses/GPL-3").read()[:chars]
+    mid = body.index("\n\n", len(body) // 2)
+    return body[:mid] + "\n\n" + NEEDLE + body[mid:]
+
+
+def _chat(tokenizer, system: str = "Answer briefly."):
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": _document() + "\n\n" + QUESTION},
+    ]
+    text = render_chat(tokenizer, messages)
+    ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return messages, ids
+
+
+def needle_scorer(req, tokenizer_text):
+    """Mass 1 spread over the tokens whose characters fall inside the needle, tiny elsewhere."""
+    n = len(req.ids)
+    begin = tokenizer_text.text.rindex(NEEDLE)
+    end = begin + len(NEEDLE)
+    mass = np.full(n, 1e-6, dtype=np.float32)
+    for i, (b, e) in enumerate(tokenizer_text.offsets):
+        if b < end and e > begin:
+            mass[i] = 1.0
+    mass[req.query.begin : req.query.end] = 0.0
+    return ScoreResult(mass=mass / mass.sum(), scorer_new_tokens=n, scorer_forward_ms=1.0)
+
+
+def _compress(tokenizer_t, tokenizer_d, cfg, messages, ids, **kw):
+    holder = {}
+
+    def scorer(req):
+        prepared = holder["prepared"]
+        return needle_scorer(req, prepared.plan.drafter)
+
+    inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=8192, **kw)
+    holder["prepared"] = prepare(
+        inp, config=cfg, target_tokenizer=tokenizer_t, drafter_tokenizer=tokenizer_d
+    )
+    return compress(
+        inp, config=cfg, target_tokenizer=tokenizer_t, drafter_tokenizer=tokenizer_d, scorer=scorer
+    )
+
+
+CFG = dict(mode="always", keep_ratio=0.1, select_chunk_size=64)
+
+
+def test_needle_question_and_generation_prompt_survive_compression(smollm2_tokenizer):
+    cfg = build_config(CFG, env={})
+    messages, ids = _chat(smollm2_tokenizer)
+    out = _compress(smollm2_tokenizer, smollm2_tokenizer, cfg, messages, ids)
+    assert out.compressed
+    assert NEEDLE in out.served_text
+    assert out.served_text.endswith(QUESTION + "<|im_end|>\n<|im_start|>assistant\n")
+    assert out.served_text.startswith("<|im_start|>system\nAnswer briefly.<|im_end|>")
+    assert len(out.served_ids) < 0.2 * len(ids)
+    stats = out.stats
+    assert stats["drafter_input_tokens"] == len(ids)
+    assert stats["compressed_tokens"] == len(out.served_ids)
+    assert stats["query_rule"] == "prompt_end"
+    # the ceiling: served tokens (minus the paragraph-join overhead) within floor(prompt * r)
+    assert len(out.served_ids) <= int(len(ids) * stats["keep_ratio"]) + 8
+    assert stats["stop_reason"] in ("budget_reached", "candidates_exhausted")
+    assert smollm2_tokenizer.decode(list(out.served_ids)) == out.served_text
+
+
+def test_cross_vocabulary_drafter_keeps_the_needle(smollm2_tokenizer, bpe_tokenizer):
+    cfg = build_config(CFG, env={})
+    messages, ids = _chat(smollm2_tokenizer)
+    out = _compress(smollm2_tokenizer, bpe_tokenizer, cfg, messages, ids)
+    assert NEEDLE in out.served_text
+    assert out.stats["drafter_input_tokens"] != len(ids)  # a different vocabulary
+    assert out.served_text.endswith("<|im_start|>assistant\n")
+
+
+def test_mode_off_serves_the_original_prompt(smollm2_tokenizer):
+    cfg = build_config({**CFG, "mode": "off"}, env={})
+    messages, ids = _chat(smollm2_tokenizer)
+    out = _compress(smollm2_tokenizer, smollm2_tokenizer, cfg, messages, ids)
+    assert not out.compressed and out.served_ids == ids and out.reason == "mode_off"
+
+
+def test_auto_mode_skips_prompts_with_too_little_droppable_text(smollm2_tokenizer):
+    cfg = build_config({**CFG, "mode": "auto", "threshold": 100_000}, env={})
+    messages, ids = _chat(smollm2_tokenizer)
+    out = _compress(smollm2_tokenizer, smollm2_tokenizer, cfg, messages, ids)
+    assert not out.compressed and out.reason == "droppable_below_threshold"
+    cfg = build_config({**CFG, "mode": "auto", "threshold": 1000}, env={})
+    assert _compress(smollm2_tokenizer, smollm2_tokenizer, cfg, messages, ids).compressed
+
+
+def test_scorer_crash_fails_closed_naming_the_drafter_stage(smollm2_tokenizer):
+    cfg = build_config(CFG, env={})
+    messages, ids = _chat(smollm2_tokenizer)
+
+    def broken(req):
+        raise RuntimeError("CUDA out of memory")
+
+    inp = PromptInput(prompt_ids=ids, messages=messages)
+    with pytest.raises(CompressionFailed) as err:
+        compress(
+            inp,
+            config=cfg,
+            target_tokenizer=smollm2_tokenizer,
+            drafter_tokenizer=smollm2_tokenizer,
+            scorer=broken,
+        )
+    assert err.value.stage == "drafter" and "out of memory" in str(err.value)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_scores_fail_closed(smollm2_tokenizer, bad):
+    cfg = build_config(CFG, env={})
+    messages, ids = _chat(smollm2_tokenizer)
+
+    def scorer(req):
+        mass = np.full(len(req.ids), 1.0 / len(req.ids), dtype=np.float32)
+        mass[3] = bad
+        return ScoreResult(mass=mass)
+
+    inp = PromptInput(prompt_ids=ids, messages=messages)
+    with pytest.raises(CompressionFailed) as err:
+        compress(
+            inp,
+            config=cfg,
+            target_tokenizer=smollm2_tokenizer,
+            drafter_tokenizer=smollm2_tokenizer,
+            scorer=scorer,
+        )
+    assert err.value.stage == "drafter"
+
+
+def test_wrong_length_scores_fail_closed(smollm2_tokenizer):
+    cfg = build_config(CFG, env={})
+    messages, ids = _chat(smollm2_tokenizer)
+    inp = PromptInput(prompt_ids=ids, messages=messages)
+    with pytest.raises(CompressionFailed) as err:
+        compress(
+            inp,
+            config=cfg,
+            target_tokenizer=smollm2_tokenizer,
+            drafter_tokenizer=smollm2_tokenizer,
+            scorer=lambda req: ScoreResult(mass=np.ones(5, dtype=np.float32) / 5),
+        )
+    assert err.value.stage == "drafter"
+
+
+def test_selection_trace_records_the_served_selection(smollm2_tokenizer, tmp_path):
+    cfg = build_config({**CFG, "trace_path": str(tmp_path / "t.jsonl")}, env={})
+    messages, ids = _chat(smollm2_tokenizer)
+    writer = TraceWriter(cfg.trace_path)
+    inp = PromptInput(prompt_ids=ids, messages=messages)
+    prepared = prepare(
+        inp, config=cfg, target_tokenizer=smollm2_tokenizer, drafter_tokenizer=smollm2_tokenizer
+    )
+    out = compress(
+        inp,
+        config=cfg,
+        target_tokenizer=smollm2_tokenizer,
+        drafter_tokenizer=smollm2_tokenizer,
+        scorer=lambda req: needle_scorer(req, prepared.plan.drafter),
+        trace=writer,
+    )
+    writer.close()
+    (rec,) = read_traces(cfg.trace_path)
+    assert rec.schema_version == 3
+    assert rec.input_tokens == len(ids)
+    assert list(rec.compressed_ids) == [
+        t for s in out.kept_spans for t in prepared.plan.drafter.ids[s.begin : s.end]
+    ]
+    assert rec.retained_tokens == sum(len(s) for s in out.kept_spans)
+    forced = {i for i, f in enumerate(rec.forced_chunks) if f}
+    assert forced and forced <= set(rec.selected_chunks)
+    assert len(rec.chunk_scores) == len(rec.segments) == out.stats["segments"]
+
+
+def test_legacy_selector_keeps_the_question(smollm2_tokenizer):
+    cfg = build_config({"mode": "always", "keep_ratio": 0.1, "select_mode": "legacy"}, env={})
+    messages, ids = _chat(smollm2_tokenizer)
+
+    def scorer(req):
+        assert req.scorer == "legacy"
+        rng = np.random.default_rng(0)
+        return ScoreResult(mass=None, legacy=rng.random(len(req.ids)).astype(np.float32))
+
+    out = compress(
+        PromptInput(prompt_ids=ids, messages=messages),
+        config=cfg,
+        target_tokenizer=smollm2_tokenizer,
+        drafter_tokenizer=smollm2_tokenizer,
+        scorer=scorer,
+    )
+    assert out.compressed and QUESTION in out.served_text
+    assert len(out.served_ids) < 0.5 * len(ids)
