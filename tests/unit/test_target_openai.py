@@ -1,0 +1,465 @@
+"""OpenAITarget against a real local HTTP server that streams SSE like an OpenAI server.
+
+The upstream is a small FastAPI app on 127.0.0.1 (a free port, uvicorn in a thread). Its
+behaviour is chosen by the request's `model`: "vllm" (plain OpenAI chunks with usage),
+"llamacpp" (llama.cpp `timings` in the last chunk), "pflash" (chunks built with our own
+pflash.api builders, as a PFlash gateway upstream would send), "boom" (HTTP 500),
+"slow" (answers after 2 s), "broken" (an error event mid-stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import openai
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from pflash.api import (
+    SSE_DONE,
+    SSE_KEEPALIVE,
+    PFlashStats,
+    ResponseMeta,
+    build_usage,
+    chat_chunk,
+    chat_usage_chunk,
+    error_response,
+    sse_event,
+)
+from pflash.models.target import (
+    GenerationDone,
+    GenerationTimings,
+    OpenAITarget,
+    SamplingParams,
+    UpstreamError,
+    UpstreamTimeout,
+    collect_generation,
+)
+
+WORDS = ["Hello", ",", " wor", "ld", "!"]
+CALL = {
+    "index": 0,
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "lookup", "arguments": '{"q": "x"}'},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_upstream() -> FastAPI:
+    app = FastAPI()
+    app.state.requests = []
+
+    def chunk(model: str, choice: dict, **extra) -> str:
+        obj = {
+            "id": "x-1",
+            "object": "text_completion",
+            "created": 0,
+            "model": model,
+            "choices": [choice],
+            **extra,
+        }
+        return sse_event(obj)
+
+    usage = {
+        "prompt_tokens": 11,
+        "completion_tokens": 5,
+        "total_tokens": 16,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
+
+    async def completion_events(model: str, include_usage: bool):
+        for word in WORDS:
+            yield chunk(model, {"index": 0, "text": word, "finish_reason": None})
+            yield SSE_KEEPALIVE
+            if model == "broken":
+                yield sse_event({"error": {"message": "engine died", "type": "server_error"}})
+                return
+        last = {
+            "timings": {
+                "prompt_n": 9,
+                "prompt_ms": 12.5,
+                "predicted_n": 5,
+                "predicted_ms": 40.0,
+                "cache_n": 2,
+            }
+        }
+        yield chunk(
+            model,
+            {"index": 0, "text": "", "finish_reason": "length"},
+            **(last if model == "llamacpp" else {}),
+        )
+        if include_usage:
+            yield sse_event(
+                {
+                    "id": "x-1",
+                    "object": "text_completion",
+                    "created": 0,
+                    "model": model,
+                    "choices": [],
+                    "usage": usage,
+                }
+            )
+        yield SSE_DONE
+
+    async def pflash_chat_events():
+        meta = ResponseMeta.new("pflash", "chat")
+        yield sse_event(chat_chunk(meta, role="assistant", content=""))
+        for word in WORDS:
+            yield sse_event(chat_chunk(meta, content=word))
+        yield sse_event(chat_chunk(meta, finish_reason="stop"))
+        timings = GenerationTimings(
+            prompt_n=30, prompt_ms=8.0, predicted_n=5, predicted_ms=20.0, cache_n=70
+        )
+        yield sse_event(
+            chat_usage_chunk(meta, build_usage(4000, timings, PFlashStats(kept_tokens=90)))
+        )
+        yield SSE_DONE
+
+    async def vllm_chat_events(tools: bool):
+        def c(delta, finish=None):
+            return sse_event(
+                {
+                    "id": "c-1",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": "vllm",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }  # fmt: skip
+            )
+
+        yield c({"role": "assistant", "content": ""})
+        if tools:
+            yield c({"tool_calls": [CALL]})
+            yield c({}, "tool_calls")
+        else:
+            for word in WORDS:
+                yield c({"content": word})
+            yield c({}, "stop")
+        yield SSE_DONE
+
+    def failure(model: str):
+        if model == "boom":
+            return JSONResponse(
+                {"error": {"message": "engine crashed", "type": "server_error"}}, status_code=500
+            )
+        return None
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await request.json()
+        app.state.requests.append((body, dict(request.headers)))
+        model = body["model"]
+        if (err := failure(model)) is not None:
+            return err
+        if model == "slow":
+            await asyncio.sleep(2)
+        if body.get("stream"):
+            include = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(
+                completion_events(model, include), media_type="text/event-stream"
+            )
+        return {
+            "id": "x-1",
+            "object": "text_completion",
+            "created": 0,
+            "model": model,
+            "choices": [{"index": 0, "text": "".join(WORDS), "finish_reason": "stop"}],
+            "usage": usage,
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        app.state.requests.append((body, dict(request.headers)))
+        if (err := failure(body["model"])) is not None:
+            return err
+        if body["model"] == "pflash":
+            return StreamingResponse(pflash_chat_events(), media_type="text/event-stream")
+        return StreamingResponse(
+            vllm_chat_events(bool(body.get("tools"))), media_type="text/event-stream"
+        )
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    app = make_upstream()
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "upstream did not start"
+        time.sleep(0.02)
+    yield app, f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+def make_target(base_url: str, tokenizer, model: str = "vllm", **kw) -> OpenAITarget:
+    return OpenAITarget(base_url, model, tokenizer, max_context=8192, api_key="sk-test", **kw)
+
+
+EIGHT = SamplingParams(max_tokens=8)
+
+
+def collect(target: OpenAITarget, prompt_ids, params=EIGHT, **kw):
+    async def go():
+        try:
+            return await collect_generation(target.generate(prompt_ids, params, **kw))
+        finally:
+            await target.aclose()
+
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def rendered(smollm2_tokenizer):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    text = smollm2_tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    ids = list(
+        smollm2_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)[
+            "input_ids"
+        ]
+    )
+    return text, ids
+
+
+# ---------------------------------------------------------------------- /v1/completions
+
+
+def test_streamed_completion_becomes_deltas_and_usage_timings(
+    upstream, smollm2_tokenizer, rendered
+):
+    app, base = upstream
+    text, ids = rendered
+    params = SamplingParams(max_tokens=8, temperature=0.5, top_p=0.9, stop=("END",), seed=3)
+    result = collect(make_target(base, smollm2_tokenizer), ids, params, session_id="conv-1")
+    assert result.text == "Hello, world!"
+    assert result.finish_reason == "length"
+    assert result.timings.cache_n == 4
+    assert result.timings.prompt_n == 7  # usage.prompt_tokens 11 minus 4 cached
+    assert result.timings.predicted_n == 5
+    body, headers = app.state.requests[-1]
+    assert body == {
+        "model": "vllm",
+        "prompt": text,  # the rendered template, sent as is: never templated twice
+        "max_tokens": 8,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "stop": ["END"],
+        "seed": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    assert headers["authorization"] == "Bearer sk-test"
+    assert headers["x-session-id"] == "conv-1"
+
+
+def test_token_id_prompts_are_sent_verbatim_and_max_tokens_clamped(
+    upstream, smollm2_tokenizer, rendered
+):
+    app, base = upstream
+    _, ids = rendered
+    target = OpenAITarget(
+        base, "vllm", smollm2_tokenizer, max_context=len(ids) + 3, prompt_format="token_ids"
+    )
+    collect(target, ids, SamplingParams(max_tokens=50))
+    body, headers = app.state.requests[-1]
+    assert body["prompt"] == ids
+    assert body["max_tokens"] == 3
+    assert "authorization" not in headers and "x-session-id" not in headers
+
+
+def test_llamacpp_timings_are_taken_as_reported(upstream, smollm2_tokenizer, rendered):
+    _, base = upstream
+    result = collect(make_target(base, smollm2_tokenizer, "llamacpp"), rendered[1])
+    assert result.timings == GenerationTimings(
+        prompt_n=9, prompt_ms=12.5, predicted_n=5, predicted_ms=40.0, cache_n=2
+    )
+
+
+def test_non_streaming_upstream_yields_one_delta(upstream, smollm2_tokenizer, rendered):
+    app, base = upstream
+
+    async def events():
+        target = make_target(base, smollm2_tokenizer, stream=False)
+        out = [e async for e in target.generate(rendered[1], SamplingParams(max_tokens=8))]
+        await target.aclose()
+        return out
+
+    out = asyncio.run(events())
+    assert [e.text for e in out[:-1]] == ["Hello, world!"]
+    assert isinstance(out[-1], GenerationDone)
+    assert (out[-1].finish_reason, out[-1].timings.cache_n, out[-1].timings.predicted_n) == (
+        "stop",
+        4,
+        5,
+    )
+    assert app.state.requests[-1][0]["stream"] is False
+    assert "stream_options" not in app.state.requests[-1][0]
+
+
+# ---------------------------------------------------------------------- /v1/chat/completions
+
+
+def test_chat_passthrough_sends_messages_and_streams_text(upstream, smollm2_tokenizer):
+    app, base = upstream
+    messages = [{"role": "user", "content": "hi"}]
+
+    async def go():
+        target = make_target(base, smollm2_tokenizer)
+        stream = target.generate_chat(
+            messages,
+            SamplingParams(max_tokens=4, temperature=0),
+            chat_template_kwargs={"enable_thinking": False},
+        )
+        result = await collect_generation(stream)
+        await target.aclose()
+        return result
+
+    result = asyncio.run(go())
+    assert (result.text, result.finish_reason) == ("Hello, world!", "stop")
+    body = app.state.requests[-1][0]
+    assert body["messages"] == messages
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert (body["max_tokens"], body["temperature"]) == (4, 0.0)
+
+
+def test_chat_passthrough_forwards_tool_calls(upstream, smollm2_tokenizer):
+    _, base = upstream
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+
+    async def go():
+        target = make_target(base, smollm2_tokenizer)
+        result = await collect_generation(
+            target.generate_chat([{"role": "user", "content": "x"}], SamplingParams(), tools=tools)
+        )
+        await target.aclose()
+        return result
+
+    result = asyncio.run(go())
+    assert result.tool_calls == [CALL]
+    assert result.finish_reason == "tool_calls"
+
+
+def test_pflash_gateway_upstream_timings_are_read_from_usage(upstream, smollm2_tokenizer):
+    _, base = upstream
+
+    async def go():
+        target = make_target(base, smollm2_tokenizer, "pflash")
+        result = await collect_generation(
+            target.generate_chat([{"role": "user", "content": "x"}], SamplingParams())
+        )
+        await target.aclose()
+        return result
+
+    result = asyncio.run(go())
+    assert result.text == "Hello, world!"
+    assert result.timings == GenerationTimings(
+        prompt_n=30, prompt_ms=8.0, predicted_n=5, predicted_ms=20.0, cache_n=70
+    )
+
+
+def test_official_openai_client_reads_our_sse_stream(upstream):
+    _, base = upstream
+    client = openai.OpenAI(base_url=base, api_key="sk-test")
+    stream = client.chat.completions.create(
+        model="pflash",
+        messages=[{"role": "user", "content": "x"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    client.close()
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello, world!"
+    assert chunks[-1].usage.prompt_tokens == 4000
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 70
+    assert chunks[-1].usage.model_extra["timings"]["pflash"]["kept_tokens"] == 90
+
+
+# ---------------------------------------------------------------------- failures
+
+
+def test_upstream_500_is_a_502_naming_the_upstream_status(upstream, smollm2_tokenizer, rendered):
+    _, base = upstream
+    for stream in (True, False):
+        with pytest.raises(UpstreamError) as info:
+            collect(make_target(base, smollm2_tokenizer, "boom", stream=stream), rendered[1])
+        assert info.value.upstream_status == 500
+        status, body = error_response(info.value)
+        assert status == 502
+        assert body["error"] == {
+            "message": f"upstream {base}/completions returned HTTP 500: engine crashed",
+            "type": "upstream_error",
+            "param": None,
+            "code": "upstream_http_500",
+        }
+
+
+def test_error_event_mid_stream_raises_after_the_first_delta(upstream, smollm2_tokenizer, rendered):
+    _, base = upstream
+
+    async def go():
+        target = make_target(base, smollm2_tokenizer, "broken")
+        seen = []
+        try:
+            async for event in target.generate(rendered[1], SamplingParams(max_tokens=8)):
+                seen.append(event.text)
+        finally:
+            await target.aclose()
+        return seen
+
+    with pytest.raises(UpstreamError) as info:
+        asyncio.run(go())
+    assert "engine died" in info.value.message
+    assert error_response(info.value)[0] == 502
+
+
+def test_connection_refused_is_a_502_unreachable(smollm2_tokenizer, rendered):
+    base = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    with pytest.raises(UpstreamError) as info:
+        collect(make_target(base, smollm2_tokenizer), rendered[1])
+    status, body = error_response(info.value)
+    assert status == 502
+    assert body["error"]["code"] == "upstream_unreachable"
+    assert body["error"]["message"].startswith(f"cannot connect to upstream {base}/completions")
+
+
+def test_slow_upstream_is_a_504_timeout(upstream, smollm2_tokenizer, rendered):
+    _, base = upstream
+    t0 = time.monotonic()
+    with pytest.raises(UpstreamTimeout) as info:
+        collect(make_target(base, smollm2_tokenizer, "slow", timeout_s=0.3), rendered[1])
+    assert time.monotonic() - t0 < 1.5
+    status, body = error_response(info.value)
+    assert status == 504
+    assert (body["error"]["type"], body["error"]["code"]) == (
+        "upstream_timeout",
+        "upstream_timeout",
+    )
+    assert f"{base}/completions" in body["error"]["message"]
+
+
+def test_empty_prompt_is_rejected_before_any_request(smollm2_tokenizer):
+    from pflash.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest):
+        collect(make_target("http://127.0.0.1:9/v1", smollm2_tokenizer), [])
