@@ -27,15 +27,45 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
     )
 
 
+def _add_compress(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compress", help="compress a prompt with the drafter (mode always) and print it with stats"
+    )
+    p.add_argument("file", help='messages JSON ({"messages": [...]}) or a plain text file')
+    p.add_argument(
+        "--keep-ratio", type=float, default=None, help="keep ratio r0 in (0, 1] (default: config)"
+    )
+    p.add_argument(
+        "--drafter",
+        default=None,
+        help="drafter model and tokenizer source (default: config, the embedded model)",
+    )
+    p.add_argument(
+        "--target-tokenizer",
+        default=None,
+        help="target tokenizer source (default: config, the embedded model)",
+    )
+    p.add_argument("--config", default=None, help="YAML file of PFlashConfig keys")
+    p.add_argument(
+        "--chunk-size", type=int, default=None, help="select_chunk_size in drafter tokens"
+    )
+    p.add_argument("--json", action="store_true", help='print one {"prompt", "stats"} object')
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pflash", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_plan(sub)
+    _add_compress(sub)
     args = parser.parse_args(argv)
     if args.command == "plan":
         from pflash.plan_cli import run_plan
 
         return run_plan(args)
+    if args.command == "compress":
+        from pflash.compress_cli import run_compress
+
+        return run_compress(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

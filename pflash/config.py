@@ -126,6 +126,12 @@ class PFlashConfig(BaseModel):
         le=1 << 20,
         description="Turns up to this many tokens are kept whole (dialogue skeleton); 0 disables.",
     )
+    chat_question_pin_tokens: int = Field(
+        64,
+        ge=0,
+        le=4096,
+        description="Keep the question at the end of the latest user turn verbatim: its last line or sentences, up to this many drafter tokens (0 = the reference's behaviour, which may cut the question mid-sentence).",
+    )
     chat_history_queries: int = Field(
         3,
         ge=0,

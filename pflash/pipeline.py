@@ -100,6 +100,7 @@ class Compressed:
     stats: dict[str, Any]
     plan: Plan | None = None
     reason: str = ""
+    original_tokens: int = 0  # target tokens of the prompt as the client sent it
 
 
 # ---------------------------------------------------------------------------- first half
@@ -277,6 +278,7 @@ def finish(
         stats=stats,
         plan=plan,
         reason=prepared.reason,
+        original_tokens=len(prepared.input.prompt_ids),
     )
 
 
@@ -436,7 +438,17 @@ def _finish_legacy(
         "scorer_forward_ms": round(scores.scorer_forward_ms, 1),
     }
     del trace
-    return Compressed(True, tuple(ids), text, sel.kept, (), stats, plan, prepared.reason)
+    return Compressed(
+        True,
+        tuple(ids),
+        text,
+        sel.kept,
+        (),
+        stats,
+        plan,
+        prepared.reason,
+        len(prepared.input.prompt_ids),
+    )
 
 
 def _subsequence_survives(kept: list[int], query: list[int], min_fraction: float = 0.8) -> bool:
@@ -469,7 +481,7 @@ def uncompressed(prepared: Prepared) -> Compressed:
         "stop_reason": prepared.reason,
     }
     return Compressed(
-        False, tuple(ids), prepared.prompt_text, (), (), stats, prepared.plan, prepared.reason
+        False, tuple(ids), prepared.prompt_text, (), (), stats, prepared.plan, prepared.reason, len(ids)
     )
 
 

@@ -94,7 +94,9 @@ def total_tokens(spans: Iterable[Span]) -> int:
     return sum(len(s) for s in canonicalize(spans))
 
 
-def validate_spans(spans: Sequence[Span], limit: int, max_count: int = MAX_INSTRUCTION_SPANS) -> str | None:
+def validate_spans(
+    spans: Sequence[Span], limit: int, max_count: int = MAX_INSTRUCTION_SPANS
+) -> str | None:
     """Check spans are canonical-ready instruction spans over `limit` tokens.
 
     Returns None when valid, else the reason: negative, empty, reversed, out of range,
@@ -157,6 +159,9 @@ class TokenizedText:
     def token_containing(self, char: int) -> int:
         """The token whose character range holds `char` (the last token starting <= char)."""
         i = bisect.bisect_right(self.starts, char) - 1
+        # byte tokens of one multi-byte character share its offsets: take the first of them
+        while i > 0 and self.offsets[i - 1][1] > char:
+            i -= 1
         return max(0, i)
 
     def char_span(self, span: Span) -> tuple[int, int]:
@@ -197,7 +202,9 @@ def encode_with_offsets(tokenizer: Tokenizer, text: str) -> TokenizedText:
 
 def decode_ids(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
     """Decode token ids to text exactly (no cleanup of spaces), keeping special tokens."""
-    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return tokenizer.decode(
+        list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
 
 
 def map_span(span: Span, src: TokenizedText, dst: TokenizedText) -> Span:

@@ -80,6 +80,7 @@ def test_needle_question_and_generation_prompt_survive_compression(smollm2_token
     assert len(out.served_ids) < 0.2 * len(ids)
     stats = out.stats
     assert stats["drafter_input_tokens"] == len(ids)
+    assert out.original_tokens == len(ids)
     assert stats["compressed_tokens"] == len(out.served_ids)
     assert stats["query_rule"] == "prompt_end"
     # the ceiling: served tokens (minus the paragraph-join overhead) within floor(prompt * r)
