@@ -12,6 +12,8 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -119,6 +121,7 @@ def median_ms(fn: Callable[[], object], runs: int) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=25, help="timed runs per cell (median)")
+    parser.add_argument("--no-assembly", action="store_true", help="skip the assembly timings")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     print(f"{'S (drafter tokens)':>18} | {'strict ms':>9} | {'probe ms':>8} | {'legacy ms':>9}")
@@ -134,6 +137,34 @@ def main(argv: list[str] | None = None) -> None:
         probe = median_ms(probe_path(n, mass, raw, pins), args.runs)
         legacy = median_ms(legacy_path(ids, mass), args.runs)
         print(f"{n:>18} | {strict:>9.2f} | {probe:>8.2f} | {legacy:>9.2f}")
+    if not args.no_assembly:
+        assembly_table(args.runs)
+
+
+def assembly_table(runs: int) -> None:
+    """Assembly (decode kept runs, paragraph join, re-encode with the target tokenizer) on
+    real text with the embedded SmolLM2 tokenizer as drafter and target, keep ~10%."""
+    from pflash.assemble import assemble
+    from pflash.models.source import load_tokenizer
+    from pflash.spans import Span
+
+    tok = load_tokenizer("embedded:smollm2-135m")
+    text = "".join(
+        p.read_text()
+        for p in sorted(Path("/usr/share/common-licenses").glob("*"))[:40]
+        if p.is_file()
+    )
+    all_ids = tok(text * 8, add_special_tokens=False)["input_ids"]
+    print()
+    print(f"{'S (drafter tokens)':>18} | {'assembly ms':>11} | kept runs")
+    print("-" * 44)
+    for n in SIZES:
+        ids = all_ids[:n]
+        spans = [Span(b, b + 64) for b in range(0, n - 64, 640)]
+        ms = median_ms(
+            partial(assemble, tok, tok, ids, spans, paragraph_join=True), max(3, runs // 5)
+        )
+        print(f"{len(ids):>18} | {ms:>11.1f} | {len(spans)}")
 
 
 if __name__ == "__main__":
