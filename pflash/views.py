@@ -1,0 +1,699 @@
+"""Multi-turn views: what the target was served for a conversation, and the per-turn decision
+fresh | repeat | continue | continue-compressed | rebuild (ALGORITHM.md §6.1-§6.3).
+
+Why views: the target keeps a KV snapshot of everything before the generation prompt of the
+prompt it was last served (`snapshot_cut`, §6.3). If the next turn's served prompt starts
+with exactly those tokens, the target prefills only the new part. A view remembers that
+served prompt, so a later turn can append to it (verbatim, or compressed when the new part
+is large), recall dropped material the new question attends to, or rebuild from a fresh
+compression when the view has drifted too far from what a fresh compression would keep.
+
+Vocabularies (every span and index says which):
+- **target tokens**: `raw_ids` (the prompt as the client sent it, chat template applied),
+  `View.raw_gen_begin`, `View.view_tokens` / `view_gen_begin` (the served prompt), the
+  store keys (`PrefixHash`) and every `ViewStats` count;
+- **drafter tokens**: `Plan.drafter.ids` (the drafter's encoding of the prompt text), turn
+  indices, `View.drafter_gen_begin`, `View.spans`, the delta and recalled spans.
+
+Everything here is pure: tokenizers are only read, nothing is stored. The ingress asks
+`decide_view` first without a fresh compression; when the answer is "compress first" it
+runs the drafter (`pipeline.finish`) and asks again with the result. See `decide_view`.
+
+A view holds digests, not token lists, of the raw prompt and the drafter prefix: a 128K-token
+prompt kept as Python ints costs ~5 MB per copy, and a view needs them only to recognise
+its own prefix. The served tokens (`view_tokens`) are kept: they are what the next turn
+extends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+
+from pflash.api import ViewMode
+from pflash.assemble import paragraph_join, recall_text
+from pflash.chat import FAMILIES, ChatLayout, Turn, resolve_marker
+from pflash.config import PFlashConfig
+from pflash.pipeline import Compressed, Prepared
+from pflash.query import Plan
+from pflash.spans import (
+    Span,
+    Tokenizer,
+    canonicalize,
+    decode_ids,
+    encode_with_offsets,
+    subtract,
+    total_tokens,
+    union,
+)
+
+Action = Literal["serve", "compress_first"]
+
+# Why a decision came out as it did (metrics label, trace field, test assertion).
+Reason = Literal[
+    "views_off",  # chat_view false, legacy selector, raw completion, or no generation prompt
+    "generation_prompt_not_suffix",  # the target-encoded generation prompt does not end the prompt
+    "no_view",  # nothing stored for this prompt's prefixes
+    "view_unusable",  # a stored view that does not prefix this prompt (or another tenant's)
+    "gate_declined",  # the fresh result is the uncompressed prompt: serve it, keep no view
+    "repeat",  # the same raw prompt as the view
+    "agent_step",  # no new user turn, small delta: appended verbatim, no drafter
+    "follow_up",  # a new question with recall off, small delta: appended verbatim
+    "recall",  # a new question: the drafter must score it for recall
+    "compress_new",  # the new material is at least chat_compress_new_tokens: compress it
+    "recall_over_third",  # recalled > 1/3 of the fresh selection: rebuild
+    "context_overflow",  # served + max_output > max_context: rebuild
+    "served_over_2x_fresh",  # the view is more than twice the fresh compression: rebuild
+    "generation_prompt_lost",  # the extended prompt does not end with the generation prompt
+]
+
+
+# --------------------------------------------------------------------------- digests and keys
+
+
+def token_digest(ids: Sequence[int]) -> str:
+    """Hex digest of a token list (blake2b-128 over little-endian int64 ids)."""
+    return hashlib.blake2b(_token_bytes(ids), digest_size=16).hexdigest()
+
+
+def _token_bytes(ids: Sequence[int]) -> bytes:
+    return np.asarray(ids, dtype="<i8").tobytes()
+
+
+@dataclass(frozen=True, order=True)
+class PrefixHash:
+    """The digest of `raw_ids[:length]` (target tokens): a store key."""
+
+    length: int
+    digest: str
+
+
+def boundary_hashes(
+    raw_ids: Sequence[int], turn_boundaries: Sequence[int]
+) -> tuple[PrefixHash, ...]:
+    """Digests of the raw prompt's prefixes at each turn boundary (**target** tokens).
+
+    A view is stored under the digest of `raw[:raw_gen_begin]` (everything before its
+    generation prompt). In the next turn that index is a turn boundary again (the start of
+    the assistant turn that answered), so a prompt's lookup keys are its prefixes at its
+    own turn boundaries: a lookup costs O(turns) probes and one pass over the tokens.
+    Boundaries outside (0, len(raw_ids)] are ignored; the result is sorted by length.
+    """
+    arr = np.asarray(raw_ids, dtype="<i8")
+    cuts = sorted({int(b) for b in turn_boundaries if 0 < int(b) <= len(arr)})
+    h = hashlib.blake2b(digest_size=16)
+    out, prev = [], 0
+    for b in cuts:
+        h.update(arr[prev:b].tobytes())
+        out.append(PrefixHash(b, h.copy().hexdigest()))
+        prev = b
+    return tuple(out)
+
+
+def target_turn_boundaries(plan: Plan, raw_ids: Sequence[int], target_tokenizer) -> tuple[int, ...]:
+    """Turn starts of the prompt as **target** token indices (role_begin of every turn).
+
+    Turns are parsed in drafter tokens; their character offsets are mapped through the
+    target's own encoding of the same text. A boundary that falls inside a target token, or
+    a prompt whose text does not re-encode to `raw_ids` (e.g. a BOS the template did not
+    write), yields no key: a missed lookup costs a fresh compression, never a wrong view.
+    """
+    layout = plan.layout
+    if layout is None:
+        return ()
+    target = encode_with_offsets(target_tokenizer, plan.drafter.text)
+    if target.ids != tuple(int(i) for i in raw_ids):
+        return ()
+    out = []
+    for turn in layout.turns:
+        k = target.token_at_or_after(turn.char_role_begin)
+        if k < len(target) and target.offsets[k][0] == turn.char_role_begin:
+            out.append(k)
+    return tuple(sorted(set(out)))
+
+
+def view_keys(prepared: Prepared, target_tokenizer) -> tuple[PrefixHash, ...]:
+    """The store keys to look this prompt up with: `boundary_hashes` at its turn starts."""
+    raw = prepared.input.prompt_ids
+    return boundary_hashes(raw, target_turn_boundaries(prepared.plan, raw, target_tokenizer))
+
+
+# --------------------------------------------------------------------------- the view record
+
+
+@dataclass(frozen=True)
+class View:
+    """What the target was served for one conversation turn (§6.1 view record).
+
+    - `tenant`: the API key's tenant; a view is never used for another tenant.
+    - `conversation`: the conversation key (client session id, or tenant + start-of-chat
+      hash); storing a view drops older views of the same conversation.
+    - `raw_len`, `raw_digest`: the whole raw prompt (target tokens), for repeat detection.
+    - `raw_gen_begin`, `raw_prefix_digest`: target tokens before the generation prompt and
+      their digest, the store key (`key`).
+    - `drafter_gen_begin`, `drafter_prefix_digest`: drafter tokens before the generation
+      prompt and their digest; a new prompt must share that drafter prefix too.
+    - `view_tokens`: the served prompt (target tokens); `view_gen_begin`: where its
+      generation prompt starts (the snapshot cut, §6.3).
+    - `spans`: canonical drafter spans of the raw prompt the view covers (kept or appended),
+      valid for any later prompt that shares the drafter prefix.
+    - `turn`: 1 for a fresh view, +1 per continue or rebuild.
+    - `created` / `used`: wall-clock seconds (time.time()); the store refreshes `used`.
+    """
+
+    tenant: str
+    conversation: str
+    raw_len: int
+    raw_digest: str
+    raw_gen_begin: int
+    raw_prefix_digest: str
+    drafter_gen_begin: int
+    drafter_prefix_digest: str
+    view_tokens: tuple[int, ...]
+    view_gen_begin: int
+    spans: tuple[Span, ...]
+    turn: int
+    created: float
+    used: float
+
+    @property
+    def key(self) -> PrefixHash:
+        return PrefixHash(self.raw_gen_begin, self.raw_prefix_digest)
+
+
+# --------------------------------------------------------------------------- the decision
+
+
+@dataclass(frozen=True)
+class ViewDecision:
+    """The outcome for one turn.
+
+    - `action`: "serve", or "compress_first": the drafter must run (compress_new or recall
+      needs a fresh compression, or there is no usable view); call `decide_view` again
+      with the result. Nothing else in a compress_first decision is meaningful.
+    - `mode`: the `ViewStats.mode`; "off" = no view involved (serve the fresh result as is).
+    - `served_ids` / `served_text`: what the target prefills (target tokens / text).
+    - `snapshot_cut`: target index of the served view's generation prompt (pass to the
+      target as the KV snapshot cut); None in mode "off".
+    - `view`: the view to remember, or None (store nothing).
+    - `delta_spans` / `recalled_spans`: drafter spans appended / recalled this turn.
+    - counts (target tokens, `ViewStats` names): `served_tokens`; `reused_tokens` served
+      from the view's cached prefix; `delta_tokens` = served - reused; `recalled_tokens`
+      the recall block; `fresh_tokens` the fresh compression (0 when the drafter did not run).
+    """
+
+    action: Action
+    mode: ViewMode
+    reason: Reason
+    turn: int = 0
+    served_ids: tuple[int, ...] = ()
+    served_text: str = ""
+    snapshot_cut: int | None = None
+    view: View | None = None
+    delta_spans: tuple[Span, ...] = ()
+    recalled_spans: tuple[Span, ...] = ()
+    reused_tokens: int = 0
+    recalled_tokens: int = 0
+    fresh_tokens: int = 0
+
+    @property
+    def needs_compression(self) -> bool:
+        return self.action == "compress_first"
+
+    @property
+    def served_tokens(self) -> int:
+        return len(self.served_ids)
+
+    @property
+    def delta_tokens(self) -> int:
+        return len(self.served_ids) - self.reused_tokens
+
+    def view_stats(self) -> dict[str, int | str]:
+        """`usage.timings.pflash.view` (api.ViewStats field names)."""
+        return {
+            "mode": self.mode,
+            "turn": self.turn,
+            "served_tokens": self.served_tokens,
+            "reused_tokens": self.reused_tokens,
+            "delta_tokens": self.delta_tokens,
+            "recalled_tokens": self.recalled_tokens,
+            "fresh_tokens": self.fresh_tokens,
+        }
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    """The new prompt's facts the decision needs, both vocabularies."""
+
+    raw: tuple[int, ...]  # target tokens
+    gen_ids: tuple[int, ...]  # the generation prompt, target tokens (a suffix of raw)
+    raw_gen_begin: int  # target tokens
+    plan: Plan
+    drafter_gen_begin: int  # drafter tokens
+
+    @property
+    def n_drafter(self) -> int:
+        return self.plan.n_tokens
+
+
+def decide_view(
+    prepared: Prepared,
+    view: View | None,
+    fresh: Compressed | None,
+    *,
+    tenant: str,
+    conversation: str,
+    config: PFlashConfig,
+    target_tokenizer: Tokenizer,
+    drafter_tokenizer: Tokenizer,
+    now: float,
+) -> ViewDecision:
+    """The §6.1 view algorithm for one turn, as a pure function.
+
+    - `prepared`: `pipeline.prepare` of this prompt (plan in drafter tokens, raw target
+      ids, max_output / max_context in target tokens).
+    - `view`: what `ViewStore.lookup(tenant, view_keys(prepared, target))` returned.
+    - `fresh`: None on the first call; on the second call (after "compress_first") the
+      fresh compression (`pipeline.finish`, or `pipeline.uncompressed` when the gate
+      declined).
+
+    Outcomes, in order:
+    1. views off (config.chat_view false, legacy selector, not a chat with a generation
+       prompt, or the target-encoded generation prompt is not a suffix of the prompt) →
+       serve the fresh compression, mode "off" (compress first when there is none);
+    2. the same raw prompt as the view → repeat: the stored served prompt, byte-identical;
+    3. no usable view (none, another tenant's, or not a prefix in both vocabularies) →
+       fresh: the fresh compression becomes a turn-1 view (compress first without one);
+    4. compress_new (new target tokens ≥ chat_compress_new_tokens) or recall (a new user
+       question and chat_recall) without a fresh result → compress first; an agent step or
+       a small follow-up with recall off is appended verbatim **without the drafter**;
+    5. recall (§6.2): lifts ≥ chat_recall_min_lift (else the fresh kept spans) minus what
+       the view covers; 3 × recalled > the fresh selection (drafter tokens) → rebuild;
+    6. served = view_tokens[:view_gen_begin] + target.encode(delta text), the recall block
+       opening the new user turn's content; it must end with the generation prompt (else
+       fresh); served + max_output > max_context, or served > 2 × |fresh| → rebuild
+       (without a fresh result: compress first); otherwise continue / continue-compressed.
+
+    A fresh result the gate declined to compress (`fresh.compressed` False) is served as
+    is in mode "off" wherever a fresh compression would be used. `now` stamps new views.
+    """
+    if fresh is not None and fresh.plan is not None and fresh.plan is not prepared.plan:
+        if fresh.plan.drafter.ids != prepared.plan.drafter.ids:
+            raise ValueError("fresh was compressed from a different prompt than prepared")
+    if not _views_on(prepared, config):
+        return _without_view(fresh, "views_off")
+    prompt = _prompt_facts(prepared, target_tokenizer)
+    if prompt is None:
+        return _without_view(fresh, "generation_prompt_not_suffix")
+
+    if view is not None and view.tenant == tenant and _same_prompt(view, prompt.raw):
+        return ViewDecision(
+            action="serve",
+            mode="repeat",
+            reason="repeat",
+            turn=view.turn,
+            served_ids=view.view_tokens,
+            served_text=decode_ids(target_tokenizer, view.view_tokens),
+            snapshot_cut=view.view_gen_begin,
+            view=replace(view, used=now),
+            reused_tokens=view.view_gen_begin,
+            fresh_tokens=_fresh_tokens(fresh),
+        )
+
+    if view is None or not _usable(view, prompt, tenant):
+        reason: Reason = "no_view" if view is None else "view_unusable"
+        return _fresh_view(prompt, fresh, "fresh", reason, 1, tenant, conversation, now)
+
+    layout = prompt.plan.layout
+    assert layout is not None
+    new_tokens = len(prompt.raw) - view.raw_gen_begin
+    compress_new = new_tokens >= config.chat_compress_new_tokens
+    user_turn = _latest_user_turn(layout)
+    new_question = user_turn is not None and user_turn.role_begin >= view.drafter_gen_begin
+    recall = new_question and config.chat_recall
+    if fresh is None and (compress_new or recall):
+        return ViewDecision("compress_first", "off", "compress_new" if compress_new else "recall")
+    if fresh is not None and not fresh.compressed and (compress_new or recall):
+        return _without_view(fresh, "gate_declined")
+    compressed_fresh = fresh if fresh is not None and fresh.compressed else None
+    turn = view.turn + 1
+
+    n = prompt.n_drafter
+    recalled: tuple[Span, ...] = ()
+    if recall:
+        assert compressed_fresh is not None
+        recalled = recall_spans(view, compressed_fresh, n, config.chat_recall_min_lift)
+        if 3 * total_tokens(recalled) > total_tokens(compressed_fresh.kept_spans):
+            return _fresh_view(
+                prompt, fresh, "rebuild", "recall_over_third", turn, tenant, view.conversation, now
+            )
+
+    # §6.1 steps 9-12: the delta appended to the view's cached prefix
+    if compress_new:
+        assert compressed_fresh is not None
+        delta = subtract(compressed_fresh.kept_spans, [Span(0, view.drafter_gen_begin)])
+    else:
+        delta = (Span(view.drafter_gen_begin, n),)
+    block = _recall_block(prompt.plan, recalled, target_tokenizer, drafter_tokenizer)
+    split = user_turn.content_begin if new_question and block else n
+    paragraph = compress_new and config.select_paragraph_join
+    delta_text = _delta_text(prompt.plan, delta, split, block, paragraph, drafter_tokenizer)
+    served = view.view_tokens[: view.view_gen_begin] + _encode(target_tokenizer, delta_text)
+
+    # §6.1 steps 13-14: the served prompt must still end with the generation prompt and
+    # stay within the context and within twice the fresh compression
+    if not _ends_with(served, prompt.gen_ids):
+        return _fresh_view(
+            prompt, fresh, "fresh", "generation_prompt_lost", 1, tenant, view.conversation, now
+        )
+    overflow = _overflows(len(served), prepared)
+    over_2x = compressed_fresh is not None and len(served) > 2 * len(compressed_fresh.served_ids)
+    if overflow or over_2x:
+        why: Reason = "context_overflow" if overflow else "served_over_2x_fresh"
+        if fresh is None:
+            return ViewDecision("compress_first", "off", why)
+        return _fresh_view(prompt, fresh, "rebuild", why, turn, tenant, view.conversation, now)
+
+    new_view = _view_record(
+        prompt,
+        served,
+        union(view.spans, delta, recalled),
+        turn=turn,
+        tenant=tenant,
+        conversation=view.conversation,
+        now=now,
+    )
+    if compress_new:
+        reason = "compress_new"
+    elif recall:
+        reason = "recall"
+    else:
+        reason = "follow_up" if new_question else "agent_step"
+    return ViewDecision(
+        action="serve",
+        mode="continue-compressed" if compress_new else "continue",
+        reason=reason,
+        turn=turn,
+        served_ids=served,
+        served_text=decode_ids(target_tokenizer, served),
+        snapshot_cut=new_view.view_gen_begin,
+        view=new_view,
+        delta_spans=canonicalize(delta),
+        recalled_spans=recalled,
+        reused_tokens=view.view_gen_begin,
+        recalled_tokens=len(_encode(target_tokenizer, block)),
+        fresh_tokens=_fresh_tokens(fresh),
+    )
+
+
+def recall_spans(
+    view: View, fresh: Compressed, n_drafter: int, min_lift: float
+) -> tuple[Span, ...]:
+    """§6.2: the drafter spans a new question attends to that the view does not hold.
+
+    in_view = the view's spans and everything from its generation prompt on (the new turn
+    is appended anyway). With lifts (head scorer): candidates whose lift is at least
+    `min_lift` minus in_view; a content-free question recalls almost nothing because its
+    lifts stay near uniform. Without lifts (legacy scorer): the fresh kept spans minus
+    in_view. Canonical, drafter tokens of the new prompt.
+    """
+    in_view = union(view.spans, [Span(view.drafter_gen_begin, n_drafter)])
+    if fresh.candidate_lifts:
+        hot = [span for span, lift in fresh.candidate_lifts if lift >= min_lift]
+        return subtract(hot, in_view)
+    return subtract(fresh.kept_spans, in_view)
+
+
+# --------------------------------------------------------------------------- decision steps
+
+
+def _views_on(prepared: Prepared, config: PFlashConfig) -> bool:
+    """§6.1 preconditions that do not depend on tokens: chat_view, strict selection, a chat
+    request whose prompt has a generation prompt."""
+    plan = prepared.plan
+    return (
+        config.chat_view
+        and config.strict
+        and plan.input_kind == "messages"
+        and plan.layout is not None
+        and plan.layout.has_generation_prompt
+    )
+
+
+def _prompt_facts(prepared: Prepared, target_tokenizer: Tokenizer) -> _Prompt | None:
+    """The new prompt's generation prompt in both vocabularies, or None when the
+    target-encoded generation prompt is not a suffix of the raw prompt (§6.1 precondition)."""
+    plan = prepared.plan
+    raw = tuple(int(i) for i in prepared.input.prompt_ids)
+    layout = plan.layout
+    if layout.generation_turn_index is None:
+        return None
+    gen_turn = layout.turns[layout.generation_turn_index]
+    gen_ids = _encode(target_tokenizer, plan.drafter.text[gen_turn.char_role_begin :])
+    if not gen_ids or not _ends_with(raw, gen_ids):
+        return None
+    return _Prompt(raw, gen_ids, len(raw) - len(gen_ids), plan, layout.generation_begin)
+
+
+def _same_prompt(view: View, raw: tuple[int, ...]) -> bool:
+    return view.raw_len == len(raw) and view.raw_digest == token_digest(raw)
+
+
+def _usable(view: View, prompt: _Prompt, tenant: str) -> bool:
+    """§6.1 step 2 and the lookup conditions: same tenant; the view's raw prefix and drafter
+    prefix are prefixes of this prompt; the view ends before this prompt's generation
+    prompt (there is something to append)."""
+    return (
+        view.tenant == tenant
+        and 0 < view.drafter_gen_begin < prompt.drafter_gen_begin
+        and 0 < view.view_gen_begin <= len(view.view_tokens)
+        and view.raw_gen_begin <= prompt.raw_gen_begin
+        and token_digest(prompt.raw[: view.raw_gen_begin]) == view.raw_prefix_digest
+        and token_digest(prompt.plan.drafter.ids[: view.drafter_gen_begin])
+        == view.drafter_prefix_digest
+    )
+
+
+def _latest_user_turn(layout: ChatLayout) -> Turn | None:
+    for turn in reversed(layout.turns):
+        if turn.role == "user":
+            return turn
+    return None
+
+
+def _fresh_tokens(fresh: Compressed | None) -> int:
+    return len(fresh.served_ids) if fresh is not None else 0
+
+
+def _without_view(fresh: Compressed | None, reason: Reason) -> ViewDecision:
+    """Mode "off": serve the fresh result untouched, remember nothing."""
+    if fresh is None:
+        return ViewDecision("compress_first", "off", reason)
+    return ViewDecision(
+        action="serve",
+        mode="off",
+        reason=reason,
+        served_ids=tuple(fresh.served_ids),
+        served_text=fresh.served_text,
+        fresh_tokens=len(fresh.served_ids),
+    )
+
+
+def _fresh_view(
+    prompt: _Prompt,
+    fresh: Compressed | None,
+    mode: ViewMode,
+    reason: Reason,
+    turn: int,
+    tenant: str,
+    conversation: str,
+    now: float,
+) -> ViewDecision:
+    """Serve the fresh compression and make it the conversation's view (fresh / rebuild).
+
+    Without a fresh result: compress first. An uncompressed fresh result (the gate
+    declined), or one that does not end with the generation prompt, is served in mode
+    "off" with no view: a view must be a compressed prompt with a known snapshot cut."""
+    if fresh is None:
+        return ViewDecision("compress_first", "off", reason)
+    served = tuple(int(i) for i in fresh.served_ids)
+    if not fresh.compressed:
+        return _without_view(fresh, "gate_declined")
+    if not _ends_with(served, prompt.gen_ids):
+        return _without_view(fresh, "generation_prompt_not_suffix")
+    view = _view_record(
+        prompt,
+        served,
+        canonicalize(fresh.kept_spans),
+        turn=turn,
+        tenant=tenant,
+        conversation=conversation,
+        now=now,
+    )
+    return ViewDecision(
+        action="serve",
+        mode=mode,
+        reason=reason,
+        turn=turn,
+        served_ids=served,
+        served_text=fresh.served_text,
+        snapshot_cut=view.view_gen_begin,
+        view=view,
+        fresh_tokens=len(served),
+    )
+
+
+def _view_record(
+    prompt: _Prompt,
+    served: tuple[int, ...],
+    spans: tuple[Span, ...],
+    *,
+    turn: int,
+    tenant: str,
+    conversation: str,
+    now: float,
+) -> View:
+    """The view of `served` (target tokens, ending with the generation prompt) for this
+    prompt; `spans` are the drafter spans it covers."""
+    raw, ids = prompt.raw, prompt.plan.drafter.ids
+    return View(
+        tenant=tenant,
+        conversation=conversation,
+        raw_len=len(raw),
+        raw_digest=token_digest(raw),
+        raw_gen_begin=prompt.raw_gen_begin,
+        raw_prefix_digest=token_digest(raw[: prompt.raw_gen_begin]),
+        drafter_gen_begin=prompt.drafter_gen_begin,
+        drafter_prefix_digest=token_digest(ids[: prompt.drafter_gen_begin]),
+        view_tokens=served,
+        view_gen_begin=len(served) - len(prompt.gen_ids),
+        spans=spans,
+        turn=turn,
+        created=now,
+        used=now,
+    )
+
+
+def _overflows(served_tokens: int, prepared: Prepared) -> bool:
+    """served + max_output > max_context (target tokens); no limit without a context."""
+    max_ctx = prepared.input.max_context
+    if max_ctx is None or max_ctx <= 0:
+        return False
+    return served_tokens + prepared.input.max_output > max_ctx
+
+
+def _recall_block(
+    plan: Plan, recalled: Sequence[Span], target_tokenizer: Tokenizer, drafter_tokenizer: Tokenizer
+) -> str:
+    """The recall block text for recalled drafter spans ("" when none), excerpts stripped of
+    the prompt's chat markers."""
+    if not recalled:
+        return ""
+    role_markers, end_markers, generic = _family_markers(plan.layout, target_tokenizer)
+    return recall_text(
+        drafter_tokenizer,
+        plan.drafter.ids,
+        recalled,
+        role_markers=role_markers,
+        end_markers=end_markers,
+        generic_role=generic,
+    )
+
+
+def _delta_text(
+    plan: Plan,
+    delta: Sequence[Span],
+    split: int,
+    block: str,
+    paragraph: bool,
+    drafter_tokenizer: Tokenizer,
+) -> str:
+    """§6.1 step 11: join(delta before `split`) + recall block + join(delta after), where
+    `split` (drafter tokens) is the new user turn's content start when there is a block."""
+    ids, n = plan.drafter.ids, plan.n_tokens
+    before = [s.clip(0, split) for s in delta]
+    after = [s.clip(split, n) for s in delta]
+    return (
+        _join(drafter_tokenizer, ids, before, paragraph)
+        + block
+        + _join(drafter_tokenizer, ids, after, paragraph)
+    )
+
+
+def _family_markers(
+    layout: ChatLayout, target_tokenizer: Tokenizer
+) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+    """(role marker texts, end marker texts, generic role) of the prompt's marker family, as
+    the target renders them: what `clean_excerpt` strips from recalled excerpts."""
+    family = next(f for f in FAMILIES if f.name == layout.family)
+    roles = tuple(resolve_marker(target_tokenizer, m).text for m, _ in family.role_markers)
+    ends = tuple(resolve_marker(target_tokenizer, m).text for m in family.end_markers)
+    return roles, ends, any(role is None for _, role in family.role_markers)
+
+
+def _join(
+    drafter_tokenizer: Tokenizer, ids: Sequence[int], spans: Sequence[Span], paragraph: bool
+) -> str:
+    """Decode drafter spans: the paragraph join of each run (compressed delta) or one plain
+    decode of the concatenated ids (a verbatim delta)."""
+    spans = [s for s in spans if not s.empty]
+    if not spans:
+        return ""
+    if paragraph:
+        return paragraph_join([decode_ids(drafter_tokenizer, ids[s.begin : s.end]) for s in spans])
+    return decode_ids(drafter_tokenizer, [t for s in spans for t in ids[s.begin : s.end]])
+
+
+def _encode(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
+    if not text:
+        return ()
+    return tuple(int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _ends_with(ids: Sequence[int], suffix: Sequence[int]) -> bool:
+    return 0 < len(suffix) <= len(ids) and tuple(ids[len(ids) - len(suffix) :]) == tuple(suffix)
+
+
+# --------------------------------------------------------------------------- the served result
+
+
+def served_result(
+    decision: ViewDecision, prepared: Prepared, fresh: Compressed | None
+) -> Compressed:
+    """The `Compressed` the ingress serves and reports for a "serve" decision.
+
+    The fresh result's stats when the drafter ran (its selection is what was measured),
+    else the plan's with `compress_ms` 0 (§5.8 step 1: the drafter was skipped) and
+    `keep_ratio` served / original target tokens; `stats["view"]` holds `view_stats()`.
+    """
+    if decision.needs_compression:
+        raise ValueError("a compress_first decision has nothing to serve")
+    raw = prepared.input.prompt_ids
+    if fresh is not None:
+        stats = dict(fresh.stats)
+    else:
+        stats = {
+            "compress_ms": 0.0,
+            "drafter_input_tokens": prepared.plan.n_tokens,
+            "kept_tokens": prepared.budget.kept_tokens if prepared.budget else 0,
+            "keep_ratio": float(np.float32(len(decision.served_ids) / max(1, len(raw)))),
+            "query_rule": prepared.plan.query_rule,
+            "stop_reason": "view",
+        }
+    stats["compressed_tokens"] = len(decision.served_ids)
+    stats["view"] = decision.view_stats()
+    return Compressed(
+        compressed=tuple(decision.served_ids) != tuple(raw),
+        served_ids=tuple(decision.served_ids),
+        served_text=decision.served_text,
+        kept_spans=fresh.kept_spans if fresh is not None else (),
+        candidate_lifts=fresh.candidate_lifts if fresh is not None else (),
+        stats=stats,
+        plan=prepared.plan,
+        reason=fresh.reason if fresh is not None else decision.reason,
+        original_tokens=len(raw),
+    )

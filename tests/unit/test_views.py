@@ -1,0 +1,490 @@
+"""decide_view (ALGORITHM §6.1-§6.3, §10.4 item 39) on real tokenizers.
+
+Every prompt is rendered with the target's chat template and compressed through
+`pipeline.prepare` / `pipeline.finish` with a deterministic scorer (a test double of the
+drafter that puts attention mass on given sentences), so the views are built from the same
+objects the ingress hands over. What is asserted is the decision: outcome, served tokens,
+snapshot cut, the view to store and the ViewStats counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from pflash.api import PFlashStats
+from pflash.assemble import RECALL_FOOTER, RECALL_HEADER
+from pflash.chat import render_chat
+from pflash.config import build_config
+from pflash.pipeline import PromptInput, finish, prepare
+from pflash.scoring import ScoreResult
+from pflash.session_store import ViewStore
+from pflash.spans import Span, decode_ids, subtract, union
+from pflash.views import (
+    boundary_hashes,
+    decide_view,
+    served_result,
+    token_digest,
+    view_keys,
+)
+
+NEEDLE = "The special magic quokka number is: 7318842."
+FACT = "The archive password for the blue vault is heliotrope-42."
+PASTE_FACT = "The launch code for the red rocket is 55-ALPHA-9."
+QUESTION = "What is the special magic quokka number?"
+CFG = dict(mode="always", keep_ratio=0.2, select_chunk_size=32)
+MAX_OUTPUT = 64
+
+
+def _document() -> str:
+    body = open("/usr/share/common-licenses/GPL-3").read()[:8000]
+    early = body.index("\n\n", len(body) // 5)
+    mid = body.index("\n\n", len(body) // 2)
+    return body[:early] + "\n\n" + FACT + body[early:mid] + "\n\n" + NEEDLE + body[mid:]
+
+
+def _paste(chars: int = 8000) -> str:
+    body = open("/usr/share/common-licenses/Apache-2.0").read()[:chars]
+    mid = body.index("\n\n", len(body) // 2)
+    return body[:mid] + "\n\n" + PASTE_FACT + body[mid:]
+
+
+TURN1 = [
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": _document() + "\n\n" + QUESTION},
+]
+
+
+class Conversation:
+    """One conversation against one config: prepare, score, decide, remember."""
+
+    def __init__(self, target, drafter=None, tenant="tenant-a", max_context=8192, **cfg):
+        self.target = target
+        self.drafter = drafter or target
+        self.config = build_config({**CFG, **cfg}, env={})
+        self.tenant = tenant
+        self.max_context = max_context
+        self.store = ViewStore(16, 3600.0, clock=lambda: 100.0)
+        self.scored = 0
+
+    def prepare(self, messages, max_context=None):
+        text = render_chat(self.target, messages)
+        ids = tuple(self.target(text, add_special_tokens=False)["input_ids"])
+        inp = PromptInput(
+            prompt_ids=ids,
+            messages=messages,
+            max_output=MAX_OUTPUT,
+            max_context=max_context or self.max_context,
+        )
+        return prepare(
+            inp,
+            config=self.config,
+            target_tokenizer=self.target,
+            drafter_tokenizer=self.drafter,
+        )
+
+    def fresh(self, prepared, attend_to):
+        """The fresh compression, scored by attention mass on the sentences `attend_to`."""
+        self.scored += 1
+        drafter = prepared.plan.drafter
+        req = prepared.score_request
+        mass = np.full(len(req.ids), 1e-6, dtype=np.float32)
+        for sentence in attend_to:
+            b = drafter.text.rindex(sentence)
+            e = b + len(sentence)
+            for i, (tb, te) in enumerate(drafter.offsets):
+                if tb < e and te > b:
+                    mass[i] = 1.0
+        mass[req.query.begin : req.query.end] = 0.0
+        scores = ScoreResult(mass=mass / mass.sum(), scorer_new_tokens=len(req.ids))
+        return finish(
+            prepared,
+            scores,
+            config=self.config,
+            target_tokenizer=self.target,
+            drafter_tokenizer=self.drafter,
+        )
+
+    def decide(self, prepared, view, fresh=None, tenant=None, now=100.0):
+        return decide_view(
+            prepared,
+            view,
+            fresh,
+            tenant=tenant or self.tenant,
+            conversation="conversation-1",
+            config=self.config,
+            target_tokenizer=self.target,
+            drafter_tokenizer=self.drafter,
+            now=now,
+        )
+
+    def turn(self, messages, attend_to=(NEEDLE,), max_context=None):
+        """The ingress flow: lookup, decide, (drafter, decide again), remember."""
+        prepared = self.prepare(messages, max_context)
+        view = self.store.lookup(self.tenant, view_keys(prepared, self.target))
+        decision = self.decide(prepared, view)
+        first = decision
+        fresh = None
+        if decision.needs_compression:
+            fresh = self.fresh(prepared, attend_to)
+            decision = self.decide(prepared, view, fresh)
+        if decision.view is not None:
+            self.store.remember(decision.view)
+        return prepared, view, first, fresh, decision
+
+
+def _reply(messages, answer, question):
+    return [
+        *messages,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": question},
+    ]
+
+
+def _agent_step(messages, call, output):
+    return [*messages, {"role": "assistant", "content": call}, {"role": "tool", "content": output}]
+
+
+def _gen_prompt(tok):
+    return tuple(tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"])
+
+
+# --------------------------------------------------------------------------- fresh and repeat
+
+
+def test_first_turn_compresses_first_then_serves_the_fresh_prompt_as_a_view(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    prepared, view, first, fresh, d = conv.turn(TURN1)
+    assert view is None
+    assert (first.action, first.reason) == ("compress_first", "no_view")
+    assert (d.action, d.mode, d.reason, d.turn) == ("serve", "fresh", "no_view", 1)
+    assert d.served_ids == fresh.served_ids and d.served_text == fresh.served_text
+    gen = _gen_prompt(smollm2_tokenizer)
+    assert d.snapshot_cut == len(d.served_ids) - len(gen)
+    assert d.served_ids[d.snapshot_cut :] == gen
+    v = d.view
+    assert (v.turn, v.tenant, v.conversation) == (1, "tenant-a", "conversation-1")
+    assert v.view_tokens == fresh.served_ids and v.spans == fresh.kept_spans
+    raw = prepared.input.prompt_ids
+    assert v.raw_gen_begin == len(raw) - len(gen)
+    assert v.raw_prefix_digest == token_digest(raw[: v.raw_gen_begin])
+    assert v.drafter_gen_begin == prepared.plan.generation_begin
+    assert d.view_stats() == {
+        "mode": "fresh",
+        "turn": 1,
+        "served_tokens": len(fresh.served_ids),
+        "reused_tokens": 0,
+        "delta_tokens": len(fresh.served_ids),
+        "recalled_tokens": 0,
+        "fresh_tokens": len(fresh.served_ids),
+    }
+
+
+def test_same_prompt_repeats_the_byte_identical_served_prompt(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    prepared, view, first, fresh, d2 = conv.turn(TURN1)
+    assert fresh is None and conv.scored == 1  # the drafter ran once, on turn 1
+    assert (d2.mode, d2.reason, d2.turn) == ("repeat", "repeat", 1)
+    assert d2.served_ids == d1.served_ids and d2.served_text == d1.served_text
+    assert d2.snapshot_cut == d1.snapshot_cut
+    assert d2.reused_tokens == d1.snapshot_cut
+    assert d2.delta_tokens == len(_gen_prompt(smollm2_tokenizer))
+
+
+def test_lookup_keys_of_the_next_turn_find_the_previous_view(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    prepared = conv.prepare(_reply(TURN1, "7318842.", "Thanks!"))
+    keys = view_keys(prepared, smollm2_tokenizer)
+    assert d1.view.key in keys
+    # one key per turn start after the first: user, assistant, user, generation prompt
+    assert len(keys) == 4
+    assert conv.store.lookup("tenant-a", keys) is not None
+
+
+def test_boundary_hashes_equal_the_digest_of_each_prefix():
+    raw = list(range(1000, 1100))
+    hashes = boundary_hashes(raw, [40, 10, 100, 0, 250])
+    assert [h.length for h in hashes] == [10, 40, 100]
+    assert [h.digest for h in hashes] == [token_digest(raw[:n]) for n in (10, 40, 100)]
+    assert token_digest(raw[:10]) != token_digest(raw[1:11])
+
+
+# --------------------------------------------------------------------------- continue
+
+
+def test_new_question_asks_for_the_drafter_before_continuing(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    conv.turn(TURN1)
+    prepared, view, first, fresh, d = conv.turn(_reply(TURN1, "7318842.", "Are you sure?"))
+    assert view is not None
+    assert (first.action, first.reason) == ("compress_first", "recall")
+    assert fresh is not None and conv.scored == 2
+
+
+def test_small_follow_up_continues_as_a_strict_extension_of_the_view(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    messages = _reply(TURN1, "7318842.", "Are you sure?")
+    prepared, view, first, fresh, d2 = conv.turn(messages)
+    assert (d2.mode, d2.reason, d2.turn) == ("continue", "recall", 2)
+    assert d2.recalled_spans == ()  # attention stays on what the view already holds
+    cut = d1.snapshot_cut
+    assert d2.served_ids[:cut] == d1.served_ids[:cut]
+    assert len(d2.served_ids) > cut
+    assert d2.served_text.endswith(
+        "<|im_start|>assistant\n7318842.<|im_end|>\n<|im_start|>user\nAre you sure?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert d2.reused_tokens == cut
+    assert d2.delta_tokens == len(d2.served_ids) - cut
+    assert d2.fresh_tokens == len(fresh.served_ids)
+    assert d2.snapshot_cut == len(d2.served_ids) - len(_gen_prompt(smollm2_tokenizer))
+    # the new view covers the old one plus everything from the old generation prompt on
+    n = prepared.plan.n_tokens
+    assert d2.view.spans == union(d1.view.spans, [Span(d1.view.drafter_gen_begin, n)])
+    assert d2.view.view_tokens == d2.served_ids and d2.view.turn == 2
+    # the third turn extends the second the same way
+    *_, d3 = conv.turn(_reply(messages, "Yes.", "Good."))
+    assert d3.mode == "continue" and d3.turn == 3
+    assert d3.served_ids[: d2.snapshot_cut] == d2.served_ids[: d2.snapshot_cut]
+
+
+def test_follow_up_with_recall_off_continues_without_the_drafter(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer, chat_recall=False)
+    conv.turn(TURN1)
+    prepared, view, first, fresh, d = conv.turn(_reply(TURN1, "7318842.", "Are you sure?"))
+    assert first is d and fresh is None and conv.scored == 1
+    assert (d.mode, d.reason, d.fresh_tokens) == ("continue", "follow_up", 0)
+
+
+def test_agent_step_is_appended_verbatim_without_scoring(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    output = "search results: quokka 7318842 confirmed by registry."
+    messages = _agent_step(TURN1, "search(quokka)", output)
+    prepared, view, first, fresh, d = conv.turn(messages)
+    assert first is d and fresh is None and conv.scored == 1  # decided before any scoring
+    assert (d.action, d.mode, d.reason, d.turn) == ("serve", "continue", "agent_step", 2)
+    cut = d1.snapshot_cut
+    assert d.served_ids[:cut] == d1.served_ids[:cut]
+    delta = (
+        "<|im_start|>assistant\nsearch(quokka)<|im_end|>\n<|im_start|>tool\n"
+        + output
+        + "<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert d.served_ids[cut:] == tuple(
+        smollm2_tokenizer(delta, add_special_tokens=False)["input_ids"]
+    )
+    assert d.delta_spans == (Span(d1.view.drafter_gen_begin, prepared.plan.n_tokens),)
+
+
+def test_big_paste_continues_compressed(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer, chat_compress_new_tokens=1000)
+    *_, d1 = conv.turn(TURN1)
+    paste = _paste()
+    messages = _reply(TURN1, "7318842.", paste + "\n\nWhat is the launch code for the red rocket?")
+    prepared, view, first, fresh, d = conv.turn(messages, attend_to=(PASTE_FACT,))
+    new_tokens = len(prepared.input.prompt_ids) - d1.view.raw_gen_begin
+    assert new_tokens >= 1000
+    assert (first.action, first.reason) == ("compress_first", "compress_new")
+    assert (d.mode, d.reason, d.turn) == ("continue-compressed", "compress_new", 2)
+    cut = d1.snapshot_cut
+    assert d.served_ids[:cut] == d1.served_ids[:cut]
+    # only the part past the previous view comes from the fresh selection
+    assert d.delta_spans == subtract(fresh.kept_spans, [Span(0, d1.view.drafter_gen_begin)])
+    assert d.delta_tokens < new_tokens / 2
+    assert PASTE_FACT in d.served_text
+    assert d.served_text.endswith(
+        "What is the launch code for the red rocket?<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+# --------------------------------------------------------------------------- recall
+
+
+def test_recall_block_opens_the_new_user_turn(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    assert FACT not in d1.served_text  # turn 1 dropped it
+    question = "And what is the archive password for the blue vault?"
+    prepared, view, first, fresh, d = conv.turn(
+        _reply(TURN1, "7318842.", question), attend_to=(FACT,)
+    )
+    assert (d.mode, d.reason) == ("continue", "recall")
+    assert d.recalled_spans and d.recalled_tokens > 0
+    recalled_text = decode_ids(smollm2_tokenizer, _ids(prepared, d.recalled_spans))
+    assert FACT in recalled_text
+    opening = "<|im_start|>user\n" + RECALL_HEADER
+    assert opening in d.served_text
+    after_header = d.served_text.split(opening, 1)[1]
+    excerpts, rest = after_header.split(RECALL_FOOTER, 1)
+    assert FACT in excerpts and "<|im_start|>" not in excerpts
+    assert rest == question + "<|im_end|>\n<|im_start|>assistant\n"
+    # the recall block comes after everything cached
+    assert d.served_ids[: d1.snapshot_cut] == d1.served_ids[: d1.snapshot_cut]
+    assert subtract(d.recalled_spans, d.view.spans) == ()  # the new view covers the recall
+
+
+def test_recall_without_lifts_falls_back_to_the_set_difference(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    prepared = conv.prepare(_reply(TURN1, "7318842.", "And the archive password?"))
+    view = conv.store.lookup("tenant-a", view_keys(prepared, smollm2_tokenizer))
+    fresh = replace(conv.fresh(prepared, (FACT,)), candidate_lifts=())
+    d = conv.decide(prepared, view, fresh)
+    n = prepared.plan.n_tokens
+    in_view = union(view.spans, [Span(view.drafter_gen_begin, n)])
+    assert d.recalled_spans == subtract(fresh.kept_spans, in_view)
+    assert d.recalled_spans  # the kept FACT chunk is outside the view
+
+
+def test_recall_of_more_than_a_third_of_fresh_rebuilds(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    document = TURN1[1]["content"]
+    wide = document[len(document) // 10 : len(document) * 2 // 5]  # a third of the document
+    prepared, view, first, fresh, d = conv.turn(
+        _reply(TURN1, "7318842.", "Summarise the first part again."), attend_to=(wide,)
+    )
+    assert (d.mode, d.reason, d.turn) == ("rebuild", "recall_over_third", 2)
+    assert d.served_ids == fresh.served_ids
+    assert d.view.turn == 2 and d.view.view_tokens == fresh.served_ids
+    assert d.snapshot_cut == len(fresh.served_ids) - len(_gen_prompt(smollm2_tokenizer))
+    assert d.reused_tokens == 0
+
+
+# --------------------------------------------------------------------------- rebuild bounds
+
+
+def test_view_over_twice_the_fresh_compression_rebuilds(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    conv.turn(TURN1)
+    messages = _reply(TURN1, "7318842.", _paste() + "\n\nIs the quokka number in there too?")
+    prepared, view, first, fresh, d = conv.turn(messages)
+    assert first.reason == "recall"  # small enough to append verbatim, but a new question
+    assert (d.mode, d.reason, d.turn) == ("rebuild", "served_over_2x_fresh", 2)
+    assert d.served_ids == fresh.served_ids
+    verbatim = len(view.view_tokens) + len(prepared.input.prompt_ids) - view.raw_gen_begin
+    assert verbatim > 2 * len(fresh.served_ids)
+
+
+def test_context_overflow_rebuilds_from_a_fresh_compression(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    conv.turn(TURN1)
+    messages = _agent_step(TURN1, "fetch(license)", _paste(4000))
+    fits = conv.decide(conv.prepare(messages), conv.store.lookup("tenant-a", _keys(conv, messages)))
+    assert (fits.mode, fits.reason) == ("continue", "agent_step")
+    tight = len(fits.served_ids) + MAX_OUTPUT - 1
+    prepared, view, first, fresh, d = conv.turn(messages, max_context=tight)
+    assert (first.action, first.reason) == ("compress_first", "context_overflow")
+    assert (d.mode, d.reason, d.turn) == ("rebuild", "context_overflow", 2)
+    assert d.served_ids == fresh.served_ids
+    assert len(d.served_ids) + MAX_OUTPUT <= tight
+
+
+# --------------------------------------------------------------------------- no view
+
+
+def test_chat_view_false_always_serves_the_fresh_compression(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    off = Conversation(smollm2_tokenizer, chat_view=False)
+    prepared = off.prepare(TURN1)
+    d = off.decide(prepared, d1.view)  # even the same prompt with its view at hand
+    assert (d.action, d.reason) == ("compress_first", "views_off")
+    fresh = off.fresh(prepared, (NEEDLE,))
+    d = off.decide(prepared, d1.view, fresh)
+    assert (d.action, d.mode, d.view, d.snapshot_cut) == ("serve", "off", None, None)
+    assert d.served_ids == fresh.served_ids
+
+
+def test_legacy_selector_has_no_views(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer, select_mode="legacy")
+    d = conv.decide(conv.prepare(TURN1), None)
+    assert (d.action, d.reason) == ("compress_first", "views_off")
+
+
+def test_another_tenants_view_is_never_used(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    prepared = conv.prepare(TURN1)
+    d = conv.decide(prepared, d1.view, tenant="tenant-b")
+    assert (d.action, d.reason) == ("compress_first", "view_unusable")
+    d = conv.decide(prepared, d1.view, conv.fresh(prepared, (NEEDLE,)), tenant="tenant-b")
+    assert (d.mode, d.view.tenant, d.turn) == ("fresh", "tenant-b", 1)
+
+
+def test_a_view_of_a_different_conversation_is_not_continued(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    other = [TURN1[0], {"role": "user", "content": "A different first question?"}]
+    prepared = conv.prepare(_reply(other, "Sure.", "Next?"))
+    d = conv.decide(prepared, d1.view)
+    assert (d.action, d.reason) == ("compress_first", "view_unusable")
+
+
+def test_gate_declined_fresh_result_is_served_without_a_view(smollm2_tokenizer):
+    from pflash.pipeline import uncompressed
+
+    conv = Conversation(smollm2_tokenizer, mode="auto", threshold=1_000_000)
+    prepared = conv.prepare(TURN1)
+    assert not prepared.compress
+    d = conv.decide(prepared, None, uncompressed(prepared))
+    assert (d.mode, d.reason, d.view) == ("off", "gate_declined", None)
+    assert d.served_ids == prepared.input.prompt_ids
+
+
+def test_raw_completion_has_no_view(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    ids = tuple(smollm2_tokenizer(_document() + "\n\n" + QUESTION)["input_ids"])
+    prepared = prepare(
+        PromptInput(prompt_ids=ids),
+        config=conv.config,
+        target_tokenizer=smollm2_tokenizer,
+        drafter_tokenizer=smollm2_tokenizer,
+    )
+    assert conv.decide(prepared, None).reason == "views_off"
+
+
+# --------------------------------------------------------------------------- across vocabularies
+
+
+def test_cross_vocabulary_drafter_continues_with_drafter_spans(smollm2_tokenizer, bpe_tokenizer):
+    conv = Conversation(smollm2_tokenizer, drafter=bpe_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    assert d1.mode == "fresh"
+    prepared, view, first, fresh, d = conv.turn(
+        _reply(TURN1, "7318842.", "And the archive password?"), attend_to=(FACT,)
+    )
+    assert prepared.plan.n_tokens != len(prepared.input.prompt_ids)  # two vocabularies
+    assert d.mode == "continue" and d.recalled_spans
+    assert FACT in d.served_text
+    assert d.served_ids[: d1.snapshot_cut] == d1.served_ids[: d1.snapshot_cut]
+
+
+def test_served_result_carries_the_view_stats_in_the_api_shape(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    conv.turn(TURN1)
+    messages = _agent_step(TURN1, "search(quokka)", "nothing new")
+    prepared, view, first, fresh, d = conv.turn(messages)
+    out = served_result(d, prepared, fresh)
+    assert out.served_ids == d.served_ids and out.compressed
+    assert out.stats["compress_ms"] == 0.0 and out.stats["compressed_tokens"] == len(d.served_ids)
+    stats = PFlashStats(**out.stats)
+    assert stats.view.mode == "continue" and stats.view.turn == 2
+    assert stats.view.reused_tokens + stats.view.delta_tokens == stats.view.served_tokens
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _ids(prepared, spans):
+    ids = prepared.plan.drafter.ids
+    return [t for s in spans for t in ids[s.begin : s.end]]
+
+
+def _keys(conv, messages):
+    return view_keys(conv.prepare(messages), conv.target)
