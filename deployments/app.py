@@ -1,0 +1,38 @@
+"""build_app(args) -> the bound Serve graph. `serve_config.yaml` points its import_path here.
+
+`args` are PFlash config keys (pflash/config.py), e.g. `drafter`, `target`,
+`target_backend`, `keep_ratio`; `user_config` on a deployment changes the live knobs.
+The config is validated here, once, so a bad value fails the deploy with a message naming
+the key, the value and what is allowed, before any model loads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve import Application
+from ray.serve.config import DeploymentActorConfig
+
+from deployments.drafter import DrafterScorerDeployment
+from deployments.ingress import Ingress
+from deployments.session_store import STORE_NAME, SessionStoreActor
+from deployments.target import TargetModelDeployment
+from pflash.config import build_config
+from pflash.models.source import resolve_source
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    config = build_config(dict(args or {}))
+    resolve_source(config.drafter)  # a missing model fails now, saying how to provide it
+    if config.target_backend == "transformers":
+        resolve_source(config.target)
+    data = config.model_dump(mode="json", exclude_defaults=True)
+    drafter = DrafterScorerDeployment.bind(data)
+    target = TargetModelDeployment.bind(data)
+    store = DeploymentActorConfig(
+        name=STORE_NAME,
+        actor_class=SessionStoreActor,
+        init_kwargs={"config": data},
+        actor_options={"num_cpus": 0},
+    )
+    return Ingress.options(deployment_actors=[store]).bind(data, drafter, target)

@@ -1,0 +1,43 @@
+"""DrafterScorer deployment: loads the drafter once per replica and scores prompts.
+
+Requests of one conversation carry `session_id` (the ingress forwards its conversation key)
+so the consistent-hash router sends them to the replica holding the scoring session;
+landing elsewhere is correct, only slower.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray import serve
+
+from deployments.resources import apply_thread_limits
+from pflash.config import build_config
+from pflash.scoring import ScoreRequest, ScoreResult
+
+log = logging.getLogger("ray.serve")
+
+
+@serve.deployment(name="DrafterScorer", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=2)
+class DrafterScorerDeployment:
+    def __init__(self, config: dict[str, Any]):
+        from pflash.models.drafter import DrafterScorer
+
+        self._base = dict(config)
+        threads = apply_thread_limits()
+        self.config = build_config(self._base)
+        self.scorer = DrafterScorer(self.config)
+        log.info("DrafterScorer ready (%d torch threads)", threads)
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Live knobs (selection/query settings) need no reload; the model stays loaded."""
+        self.config = build_config({**self._base, **(user_config or {})})
+        self.scorer.config = self.config
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        return self.scorer(request)
+
+    def check_health(self) -> None:
+        if self.scorer is None:
+            raise RuntimeError("drafter not loaded")

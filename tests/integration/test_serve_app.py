@@ -1,0 +1,514 @@
+"""The real Ray Serve application, started from serve_config.yaml, through the `openai` client.
+
+One Ray cluster for the module, three applications built from serve_config.yaml's app
+(startup ~30-60 s here):
+- `pflash` at /: the embedded SmolLM2 as drafter and target, API keys on;
+- `gw2` at /gw2: the `openai` target backend pointed at the first app over real HTTP, with
+  a one-request queue to show backpressure;
+- `xv` at /xv: a cross-vocabulary pair, SmolLM2 drafter and the Gemma 3 270M target (a base
+  model: raw completions).
+Compressed requests use 1-3K-token prompts so a drafter forward stays a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from pflash.bench.launch import ServeCluster, free_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "test-key-1"
+OTHER_KEY = "test-key-2"
+NEEDLE = "The special magic quokka number is: 7318842."
+QUESTION = "What is the special magic quokka number?"
+
+
+def _config(tmp: Path, port: int) -> Path:
+    base = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    base["http_options"]["port"] = port
+    template = base["applications"][0]
+    for dep in template["deployments"]:
+        dep["ray_actor_options"]["num_cpus"] = 0.2
+
+    main = copy.deepcopy(template)
+    main["args"].update(
+        return_prompt_enabled=True,
+        threshold=100_000,  # auto never compresses here; tests ask with pflash_mode
+        api_keys=[KEY, OTHER_KEY],
+        max_body_bytes=2_000_000,
+    )
+
+    gw2 = copy.deepcopy(template)
+    gw2.update(name="gw2", route_prefix="/gw2")
+    gw2["args"].update(
+        target_backend="openai",
+        upstream_base_url=f"http://127.0.0.1:{port}/v1",
+        upstream_api_key=KEY,
+        upstream_model="pflash",
+        threshold=100_000,
+    )
+    for dep in gw2["deployments"]:
+        if dep["name"] == "Ingress":
+            dep.update(
+                max_ongoing_requests=1,
+                max_queued_requests=1,
+                backpressure_config={"status_code": 503, "retry_after_s": 1},
+            )
+
+    xv = copy.deepcopy(template)
+    xv.update(name="xv", route_prefix="/xv")
+    xv["args"].update(target="embedded:gemma3-270m", return_prompt_enabled=True, threshold=100_000)
+
+    base["applications"] = [main, gw2, xv]
+    path = tmp / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(base, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    port = free_port()
+    cluster = ServeCluster(_config(tmp, port), tmp)
+    cluster.http = f"http://127.0.0.1:{port}"
+    ping = {"prompt": "Hi", "max_tokens": 1, "pflash_mode": "off"}
+    try:
+        cluster.start(f"{cluster.http}/gw2/v1/completions", ping)
+        for prefix in ("/xv",):
+            deadline = time.time() + 240
+            while (
+                httpx.post(
+                    f"{cluster.http}{prefix}/v1/completions", json=ping, timeout=60
+                ).status_code
+                != 200
+            ):
+                assert time.time() < deadline, f"{prefix} did not come up"
+                time.sleep(2)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def server(cluster):
+    return cluster.http
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def _document(chars: int) -> str:
+    body = Path("/usr/share/common-licenses/GPL-3").read_text()[:chars]
+    mid = body.index("\n\n", len(body) // 2)
+    return body[:mid] + "\n\n" + NEEDLE + body[mid:]
+
+
+def _long_messages(chars: int = 5000) -> list[dict]:
+    return [{"role": "user", "content": _document(chars) + "\n\n" + QUESTION}]
+
+
+# ----------------------------------------------------------------------------- the API
+
+
+def test_chat_completion_answers_with_usage_and_timings(client):
+    r = client.chat.completions.create(
+        model="pflash",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
+        temperature=0,
+    )
+    assert "Paris" in r.choices[0].message.content
+    assert r.usage.prompt_tokens > 10
+    timings = r.usage.model_extra["timings"]
+    assert timings["prompt_n"] + timings["cache_n"] == r.usage.prompt_tokens
+    assert timings["predicted_n"] == r.usage.completion_tokens
+    assert timings["pflash"]["compressed_tokens"] == r.usage.prompt_tokens
+    assert timings["pflash"]["keep_ratio"] == 1.0
+
+
+def test_streaming_chat_with_include_usage(client):
+    stream = client.chat.completions.create(
+        model="pflash",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+
+
+def test_raw_completion(client):
+    r = client.completions.create(
+        model="pflash", prompt="The capital of France is", max_tokens=4, temperature=0
+    )
+    assert r.choices[0].text.strip()
+    assert r.usage.prompt_tokens == 5  # "The capital of France is" in SmolLM2's vocabulary
+
+
+def test_compressed_request_serves_fewer_tokens_and_reports_stats(client):
+    r = client.chat.completions.create(
+        model="pflash",
+        messages=_long_messages(),
+        max_tokens=8,
+        temperature=0,
+        extra_body={
+            "pflash_mode": "always",
+            "pflash_keep_ratio": 0.2,
+            "pflash_return_prompt": True,
+        },
+    )
+    stats = r.usage.model_extra["timings"]["pflash"]
+    prompt = r.model_extra["pflash_prompt"]
+    assert stats["drafter_input_tokens"] == r.usage.prompt_tokens
+    assert 0 < stats["compressed_tokens"] < 0.5 * r.usage.prompt_tokens
+    assert stats["scorer_new_tokens"] == stats["drafter_input_tokens"]
+    assert stats["query_rule"] == "prompt_end"
+    assert prompt.endswith(QUESTION + "<|im_end|>\n<|im_start|>assistant\n")
+    timings = r.usage.model_extra["timings"]
+    assert timings["prompt_n"] + timings["cache_n"] == stats["compressed_tokens"]
+
+
+def test_needle_answer_is_right_with_compression_on_and_off(client):
+    answers = {}
+    for mode in ("off", "always"):
+        r = client.chat.completions.create(
+            model="pflash",
+            messages=_long_messages(),
+            max_tokens=16,
+            temperature=0,
+            extra_body={
+                "pflash_mode": mode,
+                "pflash_keep_ratio": 0.1,
+                "pflash_return_prompt": True,
+                "pflash_required": [NEEDLE],
+            },
+        )
+        answers[mode] = r.choices[0].message.content
+        assert NEEDLE in r.model_extra["pflash_prompt"]
+    assert "7318842" in answers["off"]
+    assert "7318842" in answers["always"]
+
+
+def test_streamed_compression_sends_keep_alives_while_the_drafter_runs(server):
+    body = {
+        "messages": _long_messages(12000),
+        "max_tokens": 4,
+        "stream": True,
+        "pflash_mode": "always",
+        "pflash_keep_ratio": 0.1,
+    }
+    lines = []
+    with httpx.stream(
+        "POST", f"{server}/v1/chat/completions", json=body, headers=AUTH, timeout=300
+    ) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line:
+                lines.append(line)
+    assert lines[0] == ": keep-alive"
+    data = [line for line in lines if line.startswith("data: ")]
+    assert data[-1] == "data: [DONE]"
+    assert any('"content"' in line for line in data)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "pflash_keep_ratio": 1.5},
+            "pflash_keep_ratio",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "pflash_keep_ratio": 0},
+            "pflash_keep_ratio",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}, "max_tokens"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "pflash_mode": "sometimes"},
+            "pflash_mode",
+        ),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+    ],
+)
+def test_bad_input_is_a_400_in_the_openai_error_shape(server, body, param):
+    r = httpx.post(f"{server}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "invalid_request_error" and err["param"] == param
+
+
+def test_malformed_json_is_a_400(server):
+    r = httpx.post(
+        f"{server}/v1/chat/completions",
+        content=b'{"messages": [',
+        headers={"content-type": "application/json", **AUTH},
+        timeout=30,
+    )
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_body_over_the_size_limit_is_a_413(server):
+    big = {"messages": [{"role": "user", "content": "x" * 2_100_000}]}
+    r = httpx.post(f"{server}/v1/chat/completions", json=big, headers=AUTH, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_explicit_query_not_in_prompt_fails_closed_as_400(server):
+    r = httpx.post(
+        f"{server}/v1/chat/completions",
+        json={
+            "messages": _long_messages(2000),
+            "max_tokens": 4,
+            "pflash_mode": "always",
+            "pflash_query": "this sentence is nowhere in the prompt",
+        },
+        headers=AUTH,
+        timeout=120,
+    )
+    assert r.status_code == 400, r.text
+    assert "query" in r.json()["error"]["code"]
+
+
+def test_prompt_over_the_context_with_compression_off_is_a_400(server):
+    r = httpx.post(
+        f"{server}/v1/completions",
+        json={"prompt": list(range(100, 9100)), "max_tokens": 4, "pflash_mode": "off"},
+        headers=AUTH,
+        timeout=60,
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.json()["error"]["param"] == "prompt"
+
+
+def test_return_prompt_needs_the_server_setting(server):
+    r = httpx.post(
+        f"{server}/gw2/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "pflash_return_prompt": True},
+        timeout=30,
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "pflash_return_prompt"
+    assert "return_prompt_enabled" in r.json()["error"]["message"]
+
+
+def test_models_and_health(server):
+    assert httpx.get(f"{server}/healthz", timeout=10).json() == {"status": "ok"}
+    models = httpx.get(f"{server}/v1/models", headers=AUTH, timeout=10).json()
+    assert models["data"][0]["max_model_len"] == 8192
+
+
+# ----------------------------------------------------------------------------- API keys
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong-key", "Basic dGVzdC1rZXktMQ=="])
+def test_missing_or_wrong_api_key_is_a_401(server, header):
+    headers = {"Authorization": header} if header else {}
+    r = httpx.post(
+        f"{server}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+        headers=headers,
+        timeout=30,
+    )
+    assert r.status_code == 401
+    assert r.json()["error"]["type"] == "authentication_error"
+    assert r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_every_configured_api_key_is_accepted(server):
+    for key in (KEY, OTHER_KEY):
+        r = httpx.post(
+            f"{server}/v1/completions",
+            json={"prompt": "Hi", "max_tokens": 1},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+        assert r.status_code == 200
+
+
+# ----------------------------------------------------------------------------- backends
+
+
+def test_openai_backend_serves_a_compressed_prompt_through_a_real_upstream(server):
+    from openai import OpenAI
+
+    gw = OpenAI(base_url=f"{server}/gw2/v1", api_key="unused", max_retries=0, timeout=300)
+    r = gw.chat.completions.create(
+        model="pflash",
+        messages=_long_messages(),
+        max_tokens=16,
+        temperature=0,
+        extra_body={"pflash_mode": "always", "pflash_keep_ratio": 0.1, "pflash_required": [NEEDLE]},
+    )
+    stats = r.usage.model_extra["timings"]["pflash"]
+    assert stats["compressed_tokens"] < 0.5 * r.usage.prompt_tokens
+    assert "7318842" in r.choices[0].message.content
+    # the upstream (first app) prefilled exactly the compressed prompt, as a raw completion
+    assert (
+        r.usage.model_extra["timings"]["prompt_n"] + r.usage.model_extra["timings"]["cache_n"]
+        == stats["compressed_tokens"]
+    )
+
+
+def test_openai_backend_streams_an_uncompressed_chat(server):
+    from openai import OpenAI
+
+    gw = OpenAI(base_url=f"{server}/gw2/v1", api_key="unused", max_retries=0, timeout=300)
+    stream = gw.chat.completions.create(
+        model="pflash",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+    )
+    assert "Paris" in "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+
+def test_overload_is_a_503_with_retry_after(server):
+    async def burst():
+        async with httpx.AsyncClient(timeout=120) as http:
+            body = {"messages": [{"role": "user", "content": "Count to twenty."}], "max_tokens": 24}
+            return await asyncio.gather(
+                *[http.post(f"{server}/gw2/v1/chat/completions", json=body) for _ in range(6)]
+            )
+
+    responses = asyncio.run(burst())
+    codes = sorted(r.status_code for r in responses)
+    assert 200 in codes
+    rejected = [r for r in responses if r.status_code == 503]
+    assert rejected, codes
+    assert all(r.headers.get("retry-after") == "1" for r in rejected)
+
+
+def test_cross_vocabulary_pair_keeps_the_needle_for_a_gemma_target(server):
+    from openai import OpenAI
+
+    xv = OpenAI(base_url=f"{server}/xv/v1", api_key="unused", max_retries=0, timeout=300)
+    prompt = (
+        "Below is a long passage. Answer the question at the end based ONLY on information in "
+        "the passage.\n\n" + _document(6000) + "\n\nQuestion: " + QUESTION + "\nAnswer:"
+    )
+    full = xv.completions.create(
+        model="x", prompt=prompt, max_tokens=12, temperature=0, extra_body={"pflash_mode": "off"}
+    )
+    r = xv.completions.create(
+        model="x",
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        extra_body={
+            "pflash_mode": "always",
+            "pflash_keep_ratio": 0.15,
+            "pflash_return_prompt": True,
+            "pflash_query": QUESTION,
+            "pflash_required": [NEEDLE],
+        },
+    )
+    stats = r.usage.model_extra["timings"]["pflash"]
+    assert r.usage.prompt_tokens == full.usage.prompt_tokens  # Gemma tokens of the original
+    assert stats["drafter_input_tokens"] != r.usage.prompt_tokens  # SmolLM2 tokens differ
+    assert stats["compressed_tokens"] < 0.5 * r.usage.prompt_tokens
+    served = r.model_extra["pflash_prompt"]
+    assert NEEDLE in served and served.rstrip().endswith("Answer:")
+    assert ("7318842" in full.choices[0].text) == ("7318842" in r.choices[0].text)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url, timeout=10).text
+    out: dict[tuple[str, tuple], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(
+                sorted(
+                    (k, v)
+                    for k, v in s.labels.items()
+                    if k in ("application", "compressed", "endpoint", "stage", "reason")
+                )
+            )
+            out[(s.name, labels)] = out.get((s.name, labels), 0.0) + s.value
+    return out
+
+
+def _value(samples, name: str, **labels) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+def test_metrics_are_exported_for_prometheus_and_move_with_requests(cluster, client):
+    def compressed_requests():
+        return _value(
+            _scrape(cluster.metrics_url),
+            "ray_pflash_requests_total",
+            application="pflash",
+            compressed="true",
+        )
+
+    client.chat.completions.create(
+        model="pflash",
+        messages=_long_messages(3000),
+        max_tokens=2,
+        extra_body={"pflash_mode": "always", "pflash_keep_ratio": 0.2},
+    )
+    deadline = time.time() + 30
+    while compressed_requests() < 1:
+        assert time.time() < deadline, "pflash metrics never reached the metrics endpoint"
+        time.sleep(1)
+    time.sleep(2.5)  # let the reporter flush everything recorded so far
+    before = _scrape(cluster.metrics_url)
+    client.chat.completions.create(
+        model="pflash",
+        messages=_long_messages(3200),  # a new conversation: no view to repeat, the drafter runs
+        max_tokens=2,
+        extra_body={"pflash_mode": "always", "pflash_keep_ratio": 0.2},
+    )
+    deadline = time.time() + 30
+    while True:
+        after = _scrape(cluster.metrics_url)
+        if _value(
+            after, "ray_pflash_requests_total", application="pflash", compressed="true"
+        ) > _value(before, "ray_pflash_requests_total", application="pflash", compressed="true"):
+            break
+        assert time.time() < deadline
+        time.sleep(1)
+    time.sleep(2.5)
+    after = _scrape(cluster.metrics_url)
+    app = {"application": "pflash"}
+    delta = lambda name, **kw: _value(after, name, **app, **kw) - _value(before, name, **app, **kw)  # noqa: E731
+    assert delta("ray_pflash_requests_total", compressed="true") == 1
+    assert delta("ray_pflash_compression_seconds_count") == 1
+    assert delta("ray_pflash_compression_seconds_sum") > 0
+    assert delta("ray_pflash_ttft_seconds_count", compressed="true") == 1
+    assert delta("ray_pflash_drafter_forward_seconds_sum") > 0
+    assert delta("ray_pflash_input_tokens_sum") > delta("ray_pflash_kept_tokens_sum") > 0
