@@ -210,7 +210,7 @@ class PFlashConfig(BaseModel):
     drafter_head_layer: int | None = Field(
         None,
         ge=0,
-        description="Scoring layer for the generic profile; unset = the profile default.",
+        description="Scoring layer (any profile); unset = the profile default (generic: 57% of depth, measured).",
     )
     drafter_chunk_tokens: int = Field(
         1024, ge=16, description="Drafter forward chunk (rows per step); bounds activation memory."
@@ -298,6 +298,10 @@ class PFlashConfig(BaseModel):
             raise ValueError("select_topk: must be > 0 when select_mode is top_k")
         if self.select_mode == "top_k" and self.select_scorer == "split":
             raise ValueError("select_scorer: split does not support select_mode top_k")
+        if self.scoring_head_gguf and self.select_mode == "legacy":
+            raise ValueError(
+                "scoring_head_gguf: a trained scoring head needs strict selection (select_mode not legacy)"
+            )
         if self.adaptive_min > self.adaptive_max:
             raise ValueError("adaptive_min: must not exceed adaptive_max")
         if self.repeat_min > self.repeat_max:

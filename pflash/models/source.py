@@ -118,9 +118,17 @@ def cache_dir() -> Path:
     return path
 
 
-@lru_cache(maxsize=16)
 def file_sha256(path: str) -> str:
-    """sha256 of a file, hex. Artefacts (head, probe) bind to the drafter by this hash."""
+    """sha256 of a file, hex. Artefacts (head, probe) bind to the drafter by this hash.
+
+    Cached by (path, size, mtime) so a file replaced while the process runs is re-hashed.
+    """
+    st = os.stat(path)
+    return _sha256_of(str(path), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

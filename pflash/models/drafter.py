@@ -1,0 +1,766 @@
+"""The drafter scorer: how strongly the query windows attend to every prompt token (§2, §3).
+
+Reading order, top-down:
+
+1. `resolve_profile`: which layer scores (the head layer L), which layers the legacy
+   scorer reads, where the probe tap is. Profiles: `qwen3` (Qwen3-0.6B: head at block 13,
+   legacy tail scorer over all layers, NoPE), `qwen35` (Qwen3.5-0.8B: blocks 0..14, then
+   block 15's NoPE Q/K with the query half of the gated q_proj; legacy running max at the
+   full-attention layers, post-RoPE), `generic` (any decoder with `self_attn.q_proj/k_proj`:
+   head at 57% of depth, layer 17 of SmolLM2's 30, measured by `pflash.bench.drafter_speed`).
+2. `run_trunk_chunk`: the model's own forward over one chunk of tokens with a KV cache,
+   stopped by a pre-hook when it reaches layer L, so layers after the scoring layer are
+   never computed and memory grows linearly with the prompt.
+3. `head_keys` / `head_queries`: layer L's `input_layernorm`, `k_proj`/`q_proj` (or the
+   trained head's weights), `k_norm`/`q_norm`, no rotary: the NoPE head (§3.3 steps 1, 3).
+4. `window_mass`: per window, softmax over the visible keys per (head, row) in fp32,
+   computed over key blocks (never a [rows, S] matrix per head larger than a block), mean
+   over heads and rows (`mean_head_mass`); `mix_window_masses` mixes windows by weight.
+5. `tail_running_max` / `smooth_in_range`: the legacy tail scorer (§3.1/§3.2): running
+   max over layers and heads, mean over the tail rows, in-range smoothing.
+6. `DrafterScorer`: loads once, owns the session table, implements the scorer contract
+   `ScoreRequest -> ScoreResult`, rescoring once from scratch on non-finite probabilities.
+
+Token indices are drafter tokens. Module names are transformers' (q_proj, k_norm,
+input_layernorm), so this file reads next to `modeling_qwen3.py` / `modeling_qwen3_5.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pflash.config import PFlashConfig
+from pflash.errors import CompressionFailed, ConfigError, ModelUnavailable
+from pflash.models.loading import LoadedModel, load_causal_lm
+from pflash.models.scoring_head import HeadIdentity, ScoringHead, drafter_sha256, load_scoring_head
+from pflash.models.sessions import (
+    CHECKPOINT_TAIL,
+    DrafterSession,
+    ResumePlan,
+    SessionTable,
+    cache_has_recurrent_state,
+    cache_is_croppable,
+    crop_cache,
+    plan_resume,
+    restore_recurrent,
+    snapshot_recurrent,
+)
+from pflash.query import QueryWindow
+from pflash.scoring import ScoreRequest, ScoreResult
+from pflash.spans import Span
+
+log = logging.getLogger(__name__)
+
+# Generic profile head layer as a fraction of depth, measured on SmolLM2-135M (30 layers)
+# with `python -m pflash.bench.drafter_speed --sections layers --layer-prompts 18`: 2K-token
+# needle prompts in real prose, needle chunk in the top 10% of 64-token chunks for
+# 18/18 prompts at layer 17, 17/18 at 18, 12/18 at 16, at most 8/18 at layers 0..15
+# (layer 13, "about 45%", 5/18). Layer 17 costs 17/30 of a full forward.
+GENERIC_HEAD_FRACTION = 0.57
+KEY_BLOCK_ELEMENTS = 1 << 22  # logits per key block: heads x rows x keys (16 MB fp32)
+
+QWEN3_REFERENCE = {"hidden_size": 1024, "num_hidden_layers": 28}
+QWEN35_REFERENCE = {"hidden_size": 1024, "num_hidden_layers": 24}
+
+
+class NonFiniteScores(RuntimeError):
+    """Probabilities with NaN/inf: the scorer rescores once from scratch, then fails."""
+
+
+# --------------------------------------------------------------------------- 1. profile
+
+
+@dataclass(frozen=True)
+class ScorerProfile:
+    """Which layers a drafter scores with.
+
+    - `head_layer` L: blocks 0..L-1 run; block L's NoPE Q/K give the head mass. The probe
+      tap is the residual stream entering block L.
+    - `legacy_layers`: layers the legacy running-max scorer reads (all computed layers for
+      qwen3/generic, the full-attention layers for qwen35); `legacy_rope`: post-RoPE Q/K
+      (qwen35, §3.2) instead of NoPE (§3.1).
+    - `gated_q`: q_proj packs [query | gate] per head; the query half is used (qwen35).
+    - `base_model`, `schema`: what a trained head file for this drafter must state.
+    """
+
+    name: str
+    head_layer: int
+    n_layers: int
+    legacy_layers: tuple[int, ...]
+    legacy_rope: bool
+    gated_q: bool
+    base_model: str
+    schema: str
+
+    @property
+    def tap(self) -> str:
+        """Feature tap name, as the reference writes it for block 15."""
+        if self.head_layer == 0:
+            return "embeddings_before_block0"
+        return f"post_block{self.head_layer - 1}_residual_before_block{self.head_layer}"
+
+
+def infer_profile_name(architecture: str) -> str:
+    """GGUF architecture or HF model_type -> profile name."""
+    arch = architecture.lower()
+    if arch == "qwen3":
+        return "qwen3"
+    if arch in ("qwen35", "qwen3_5", "qwen3_5_text"):
+        return "qwen35"
+    return "generic"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def _base_model_name(loaded: LoadedModel) -> str:
+    facts = loaded.gguf
+    if facts is not None and facts.basename:
+        return f"{facts.basename}-{facts.size_label}" if facts.size_label else facts.basename
+    if facts is not None and facts.name:
+        return facts.name
+    name = getattr(loaded.model.config, "_name_or_path", "") or loaded.model.config.model_type
+    return str(name).rstrip("/").rsplit("/", 1)[-1]
+
+
+def _matches(text_config, reference: dict) -> bool:
+    return all(getattr(text_config, k, None) == v for k, v in reference.items())
+
+
+def resolve_profile(loaded: LoadedModel, config: PFlashConfig) -> ScorerProfile:
+    """The scorer profile for a loaded drafter; `drafter_head_layer` overrides the default."""
+    model = loaded.model
+    text = model.config.get_text_config()
+    n = text.num_hidden_layers
+    name = config.drafter_profile
+    if name == "auto":
+        name = infer_profile_name(loaded.architecture or text.model_type)
+    layer_types = list(getattr(text, "layer_types", None) or ["full_attention"] * n)
+    attention_layers = tuple(i for i in range(n) if layer_types[i] != "linear_attention")
+    if name == "qwen35":
+        if not hasattr(model.model.layers[attention_layers[0]].self_attn, "q_norm"):
+            raise ModelUnavailable(
+                "drafter_profile qwen35 needs a Qwen3.5 model (gated attention with q_norm/k_norm)"
+            )
+        default = 15 if n == 24 else min(attention_layers, key=lambda i: (abs(i - 15 * n / 24), -i))
+        reference = _matches(text, QWEN35_REFERENCE)
+        base, schema = (
+            ("Qwen/Qwen3.5-0.8B", "qwen3_5_0_8b") if reference else (_base_model_name(loaded), None)
+        )
+        legacy_layers, legacy_rope, gated = attention_layers, True, True
+    elif name == "qwen3":
+        default = 13 if n == 28 else round(13 * n / 28)
+        reference = _matches(text, QWEN3_REFERENCE)
+        base, schema = (
+            ("Qwen/Qwen3-0.6B", "qwen3_0_6b") if reference else (_base_model_name(loaded), None)
+        )
+        legacy_layers, legacy_rope, gated = tuple(range(n)), False, False
+    else:
+        name = "generic"
+        default = min(n - 1, round(GENERIC_HEAD_FRACTION * n))
+        base, schema = _base_model_name(loaded), None
+        legacy_layers, legacy_rope, gated = attention_layers, False, False
+    head_layer = default if config.drafter_head_layer is None else config.drafter_head_layer
+    if not 0 <= head_layer < n:
+        raise ConfigError(
+            "drafter_head_layer",
+            head_layer,
+            f"a layer index in [0, {n}) for this {n}-layer drafter",
+        )
+    if head_layer not in attention_layers:
+        raise ConfigError(
+            "drafter_head_layer",
+            head_layer,
+            f"an attention layer of this drafter: {list(attention_layers)}",
+        )
+    attn = model.model.layers[head_layer].self_attn
+    if not (hasattr(attn, "q_proj") and hasattr(attn, "k_proj")):
+        raise ModelUnavailable(
+            f"drafter layer {head_layer} has no self_attn.q_proj/k_proj; the head scorer cannot read it"
+        )
+    return ScorerProfile(
+        name=name,
+        head_layer=head_layer,
+        n_layers=n,
+        legacy_layers=legacy_layers,
+        legacy_rope=legacy_rope,
+        gated_q=gated,
+        base_model=base,
+        schema=f"{schema or _slug(base)}_nope_qk_mass_v1",
+    )
+
+
+# --------------------------------------------------------------------------- 2. trunk forward
+
+
+class _ReachedScoringLayer(Exception):
+    """Raised by the pre-hook on the scoring layer: the layers after it never run."""
+
+
+def _decoder(model):
+    return model.model
+
+
+def run_trunk_chunk(
+    model, ids: torch.Tensor, start: int, cache, *, tap_layer: int, stop_at_tap: bool
+) -> torch.Tensor:
+    """Run one chunk `ids` [c] at positions [start, start+c) and return the hidden states
+    entering layer `tap_layer`, [c, hidden]. The cache grows by c tokens for every layer
+    that ran. With `stop_at_tap`, layer `tap_layer` and everything after it are skipped."""
+    decoder = _decoder(model)
+    captured: dict[str, torch.Tensor] = {}
+
+    def grab(module, args, kwargs):
+        captured["x"] = args[0] if args else kwargs["hidden_states"]
+        if stop_at_tap:
+            raise _ReachedScoringLayer
+
+    handle = decoder.layers[tap_layer].register_forward_pre_hook(grab, with_kwargs=True)
+    positions = torch.arange(start, start + ids.shape[0]).unsqueeze(0)  # [1, c]
+    try:
+        decoder(input_ids=ids.unsqueeze(0), position_ids=positions, cache=cache, use_cache=True)
+    except _ReachedScoringLayer:
+        pass
+    finally:
+        handle.remove()
+    return captured["x"][0]  # [c, hidden]
+
+
+def chunk_bounds(
+    begin: int, end: int, chunk: int, cuts: tuple[int, ...] = ()
+) -> list[tuple[int, int]]:
+    """[begin, end) in steps of `chunk`, also cut at each position in `cuts`."""
+    points = set(range(begin, end, chunk)) | {c for c in cuts if begin < c < end} | {end}
+    points = sorted(p for p in points if begin <= p <= end)
+    return [(a, b) for a, b in zip(points, points[1:], strict=False) if b > a]
+
+
+# --------------------------------------------------------------------------- 3. NoPE head
+
+
+def _shape(attn, model) -> tuple[int, int, int]:
+    """(query heads H, key heads Hk, head_dim D) of an attention module."""
+    cfg = model.config.get_text_config()
+    d = attn.head_dim
+    return cfg.num_attention_heads, cfg.num_key_value_heads, d
+
+
+def head_keys(
+    layer, x: torch.Tensor, *, n_kv: int, head: ScoringHead | None = None
+) -> torch.Tensor:
+    """K_j = k_norm(k_proj(input_layernorm(x_j))), no rotary. x [c, hidden] -> [c, Hk, D] fp32."""
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    k = F.linear(h, head.k_weight) if head is not None else attn.k_proj(h)  # [c, Hk*D]
+    k = k.view(x.shape[0], n_kv, -1)  # [c, Hk, D]
+    if hasattr(attn, "k_norm"):
+        k = attn.k_norm(k)
+    return k.float()
+
+
+def head_queries(
+    layer, x: torch.Tensor, *, n_head: int, gated: bool, head: ScoringHead | None = None
+) -> torch.Tensor:
+    """Q = q_norm(query half of q_proj(input_layernorm(x))), no rotary. x [n, hidden] -> [n, H, D]."""
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    if head is not None:  # the trained head holds query rows only
+        q = F.linear(h, head.q_weight).view(x.shape[0], n_head, -1)  # [n, H, D]
+    else:
+        q = attn.q_proj(h)
+        if gated:  # per head [q (D) ; gate (D)]
+            q = q.view(x.shape[0], n_head, -1)[..., : attn.head_dim]
+        else:
+            q = q.view(x.shape[0], n_head, -1)
+    if hasattr(attn, "q_norm"):
+        q = attn.q_norm(q)
+    return q.float()
+
+
+# --------------------------------------------------------------------------- 4. attention mass
+
+
+def visible_keys(
+    n_tokens: int, query: Span, window: QueryWindow, *, suffix_candidates: bool
+) -> torch.Tensor:
+    """Key mask for one window (§3.3 step 4), bool [S]: keys before the main query, keys after
+    it when suffix candidates are scored, minus a turn/history window's own tokens."""
+    visible = torch.zeros(n_tokens, dtype=torch.bool)
+    visible[: query.begin] = True
+    if suffix_candidates:
+        visible[query.end :] = True
+    if window.kind != "main":
+        visible[window.span.begin : window.span.end] = False
+    return visible
+
+
+def mean_head_mass(probs: torch.Tensor) -> torch.Tensor:
+    """probs [H, n, K] -> mass [K]: mean over heads and rows (§3.3 step 6)."""
+    return probs.sum(dim=(0, 1)) / (probs.shape[0] * probs.shape[1])
+
+
+def window_mass(
+    q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention mass of one window over all keys, fp32 [S]; 0 on masked keys.
+
+    q [n, H, D], keys [S, Hk, D], visible bool [S]. Head h reads key head h // (H/Hk).
+    Two passes over key blocks: a running log-sum-exp per (head, row), then the
+    probabilities of each block, so memory is one block of logits whatever S is.
+    """
+    n, n_head, _ = q.shape
+    n_kv = keys.shape[1]
+    group = n_head // n_kv
+    index = visible.nonzero().squeeze(1)  # [K] visible key positions
+    if index.numel() == 0:
+        raise CompressionFailed("drafter", "query window out of range: no visible keys")
+    qg = q.permute(1, 0, 2).reshape(n_kv, group * n, -1) * scale  # [Hk, group*n, D], head-major
+    block = max(256, KEY_BLOCK_ELEMENTS // (n_head * n))
+    blocks = [index[i : i + block] for i in range(0, index.numel(), block)]
+
+    def logits(idx: torch.Tensor) -> torch.Tensor:
+        kb = keys[idx].permute(1, 2, 0)  # [Hk, D, B]
+        return torch.bmm(qg, kb)  # [Hk, group*n, B]
+
+    # pass 1: log-sum-exp over visible keys per (head, row)
+    m = torch.full((n_kv, group * n, 1), -torch.inf)
+    s = torch.zeros((n_kv, group * n, 1))
+    for idx in blocks:
+        z = logits(idx)
+        if not torch.isfinite(z).all():
+            raise NonFiniteScores("non-finite attention logits in the head scorer")
+        m_new = torch.maximum(m, z.amax(dim=-1, keepdim=True))
+        s = s * torch.exp(m - m_new) + torch.exp(z - m_new).sum(dim=-1, keepdim=True)
+        m = m_new
+    lse = m + torch.log(s)
+    # pass 2: probabilities, mean over heads and rows
+    mass = torch.zeros(keys.shape[0])
+    for idx in blocks:
+        p = torch.exp(logits(idx) - lse)  # [Hk, group*n, B]
+        mass[idx] = mean_head_mass(p.view(n_head, n, -1))
+    if not torch.isfinite(mass).all():
+        raise NonFiniteScores("non-finite probabilities in the head scorer")
+    return mass
+
+
+def mix_window_masses(masses: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """mass = sum_w weight_w * mass_w / sum_w weight_w over the windows scored (§3.3 step 7)."""
+    total = sum(weights)
+    out = torch.zeros_like(masses[0], dtype=torch.float64)
+    for m, w in zip(masses, weights, strict=True):
+        out += w * m.double()
+    return (out / total).float()
+
+
+# --------------------------------------------------------------------------- 5. legacy scorer
+
+
+def smooth_in_range(score: torch.Tensor, kernel: int) -> torch.Tensor:
+    """Mean of score[j-r .. j+r] over in-range neighbours only (r = kernel // 2), §3.1 step 6."""
+    r = kernel // 2
+    if r <= 0:
+        return score.clone()
+    c = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(score.double(), 0)])
+    s = score.shape[0]
+    j = torch.arange(s)
+    lo, hi = (j - r).clamp(min=0), (j + r + 1).clamp(max=s)
+    return ((c[hi] - c[lo]) / (hi - lo)).float()
+
+
+def tail_running_max(
+    running: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, rows_begin: int, scale: float
+) -> None:
+    """Fold one layer into the legacy running max, in place.
+
+    running [n, S_lim] (init -inf); q [n, H, D] rows at positions rows_begin + t; keys
+    [S_lim, Hk, D]. Row t sees keys j <= rows_begin + t (causal), softmax per head in fp32.
+    """
+    n, n_head, _ = q.shape
+    s_lim, n_kv, _ = keys.shape
+    group = n_head // n_kv
+    causal = torch.arange(s_lim).unsqueeze(0) <= (rows_begin + torch.arange(n)).unsqueeze(
+        1
+    )  # [n, S_lim]
+    for kv in range(n_kv):
+        qh = q[:, kv * group : (kv + 1) * group].permute(1, 0, 2)  # [group, n, D]
+        z = torch.matmul(qh, keys[:, kv].T) * scale  # [group, n, S_lim]
+        z = z.masked_fill(~causal, -torch.inf)
+        p = torch.softmax(z, dim=-1)
+        if not torch.isfinite(p).all():
+            raise NonFiniteScores("non-finite probabilities in the legacy scorer")
+        torch.maximum(running, p.amax(dim=0), out=running)
+
+
+# --------------------------------------------------------------------------- 6. the scorer
+
+
+@dataclass
+class _Forward:
+    """What one pass over tokens [resume, S) produced."""
+
+    keys: list[torch.Tensor] = field(default_factory=list)  # head keys [c, Hk, D] per chunk
+    tap: list[torch.Tensor] = field(default_factory=list)  # [c, hidden] per chunk
+    rows: dict[Span, list[torch.Tensor]] = field(default_factory=dict)  # window rows at layer L
+    legacy_q: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # layer -> [n, H, D] NoPE
+    checkpoint: object | None = None
+    ms: float = 0.0
+
+    def window_rows(self) -> dict[Span, torch.Tensor]:
+        return {span: torch.cat(parts) for span, parts in self.rows.items()}
+
+
+class DrafterScorer:
+    """The drafter, loaded once, as a scorer: `scorer(ScoreRequest) -> ScoreResult`.
+
+    Owns a session table of `config.drafter_sessions` conversations (LRU by
+    `ScoreRequest.session_key`); a request sharing a session's prefix runs only its new
+    tokens. Not thread-safe: one request at a time per instance (the deployment serialises).
+    """
+
+    def __init__(self, config: PFlashConfig, loaded: LoadedModel | None = None):
+        self.config = config
+        self.loaded = loaded if loaded is not None else load_causal_lm(config.drafter)
+        self.model = self.loaded.model
+        self.model.eval()
+        self.profile = resolve_profile(self.loaded, config)
+        self.layer = _decoder(self.model).layers[self.profile.head_layer]
+        self.n_head, self.n_kv, self.head_dim = _shape(self.layer.self_attn, self.model)
+        self.scale = float(getattr(self.layer.self_attn, "scaling", self.head_dim**-0.5))
+        self.head = self._load_head(config.scoring_head_gguf)
+        self.sessions = SessionTable(config.drafter_sessions)
+        self._chunk = (0, 0)  # token range of the chunk in flight, read by the legacy hooks
+        log.info(
+            "drafter %s: profile %s, head layer %d of %d, tap %s%s",
+            config.drafter,
+            self.profile.name,
+            self.profile.head_layer,
+            self.profile.n_layers,
+            self.profile.tap,
+            f", trained head {self.head.path}" if self.head else "",
+        )
+
+    # ------------------------------------------------------------------ setup
+    def head_identity(self) -> HeadIdentity:
+        """What a scoring head file for this drafter must state."""
+        return HeadIdentity(
+            schema=self.profile.schema,
+            base_model=self.profile.base_model,
+            feature_tap=self.profile.tap,
+            runtime_gguf_sha256=drafter_sha256(self.loaded.source.path),
+        )
+
+    def _load_head(self, path: str | None) -> ScoringHead | None:
+        if path is None:
+            return None
+        if self.config.select_mode == "legacy":
+            raise ConfigError(
+                "scoring_head_gguf",
+                path,
+                "a trained scoring head needs strict selection (select_mode not legacy)",
+            )
+        hidden = self.model.config.get_text_config().hidden_size
+        return load_scoring_head(
+            path,
+            self.head_identity(),
+            q_shape=(self.n_head * self.head_dim, hidden),
+            k_shape=(self.n_kv * self.head_dim, hidden),
+        )
+
+    def new_cache(self):
+        from transformers.cache_utils import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    # ------------------------------------------------------------------ contract
+    def __call__(self, req: ScoreRequest) -> ScoreResult:
+        _validate(req)
+        try:
+            return self._score(req, use_session=True)
+        except NonFiniteScores as first:
+            log.warning("drafter: %s; rescoring once from scratch", first)
+            self.sessions.drop(req.session_key)
+            try:
+                result = self._score(req, use_session=False)
+            except NonFiniteScores as second:
+                self.sessions.drop(req.session_key)
+                raise CompressionFailed(
+                    "drafter", f"non-finite scores after one rescore: {second}"
+                ) from second
+            result.extras["rescored"] = True
+            return result
+        except Exception:
+            self.sessions.drop(req.session_key)  # on failure the session restarts
+            raise
+
+    def _score(self, req: ScoreRequest, *, use_session: bool) -> ScoreResult:
+        with torch.inference_mode():
+            if req.scorer == "head":
+                return self._score_head(req, use_session=use_session)
+            return self._score_legacy(req, with_head=req.scorer == "split")
+
+    # ------------------------------------------------------------------ head scorer
+    def _score_head(self, req: ScoreRequest, *, use_session: bool) -> ScoreResult:
+        """Head mass (§3.3), resuming from the conversation's session when one fits."""
+        ids = tuple(req.ids)
+        key = req.session_key if use_session and self.sessions.capacity > 0 else None
+        session = self.sessions.get(key) if key is not None else None
+        croppable = session is None or cache_is_croppable(session.cache)
+        plan = plan_resume(
+            session,
+            ids,
+            req.windows,
+            croppable=croppable,
+            want_tap=req.want_tap,
+            keys_from_head=self.head is not None,
+        )
+        if session is not None and plan.resume == 0:
+            session = None
+        if session is None:
+            cache = self.new_cache()
+        else:
+            cache = session.cache
+            self._rewind(session, plan, croppable)
+
+        fwd = self._forward(ids, plan.resume, cache, windows=req.windows, want_tap=req.want_tap)
+        reused = [session.keys[: plan.resume]] if session else []
+        keys = torch.cat(reused + fwd.keys)  # [S, Hk, D]
+        tap = None
+        if req.want_tap:
+            tap = torch.cat(([session.tap[: plan.resume]] if session else []) + fwd.tap)
+        rows = fwd.window_rows() | {span: session.rows[span] for span in plan.stored}
+        mass, scored = self._head_mass(req, keys, rows, skipped=plan.skipped)
+        if key is not None:
+            new = self._next_session(session, plan, ids, cache, keys, tap, rows, fwd, req.windows)
+            self.sessions.put(key, new)
+        return ScoreResult(
+            mass=mass,
+            tap=tap.numpy() if tap is not None else None,
+            scorer_resume=plan.resume,
+            scorer_new_tokens=len(ids) - plan.resume,
+            scorer_forward_ms=fwd.ms,
+            extras=self._extras(
+                windows=scored, skipped_windows=[s.as_list() for s in plan.skipped]
+            ),
+        )
+
+    def _head_mass(self, req, keys, rows, *, skipped=()) -> tuple[np.ndarray, int]:
+        """Mix the windows' masses (§3.3 steps 3-7). Windows in `skipped` (history rows a
+        session no longer has) are left out; the others keep their positional weights."""
+        masses, weights = [], []
+        for w in req.windows:
+            if w.span in skipped:
+                continue
+            q = head_queries(
+                self.layer,
+                rows[w.span],
+                n_head=self.n_head,
+                gated=self.profile.gated_q,
+                head=self.head,
+            )
+            visible = visible_keys(
+                len(req.ids), req.query, w, suffix_candidates=req.suffix_candidates
+            )
+            masses.append(window_mass(q, keys, visible, self.scale))
+            weights.append(w.weight)
+        if not masses:
+            raise CompressionFailed("drafter", "no query window could be scored")
+        return mix_window_masses(masses, weights).numpy().astype(np.float32), len(masses)
+
+    def _extras(self, **kw) -> dict:
+        return {
+            "profile": self.profile.name,
+            "head_layer": self.profile.head_layer,
+            "trained_head": self.head is not None,
+        } | kw
+
+    def _next_session(self, old, plan, ids, cache, keys, tap, rows, fwd, windows) -> DrafterSession:
+        """The session state after scoring `ids`: everything now covers the whole prompt."""
+        checkpoint = fwd.checkpoint
+        if checkpoint is None and old is not None and old.checkpoint is not None:
+            checkpoint = old.checkpoint if old.checkpoint.position <= plan.resume else None
+        new = DrafterSession(
+            ids=ids,
+            cache=cache,
+            keys=keys,
+            keys_from_head=self.head is not None,
+            tap=tap,
+            checkpoint=checkpoint,
+        )
+        if old is not None:  # rows computed on the reused prefix stay valid
+            for span, r in old.rows.items():
+                if span.end <= plan.resume:
+                    new.remember_rows(span, r)
+        for w in reversed(windows):  # the main window ends up most recent
+            if w.span in rows:
+                new.remember_rows(w.span, rows[w.span])
+        return new
+
+    def _rewind(self, session: DrafterSession, plan: ResumePlan, croppable: bool) -> None:
+        """Bring the session's cache back to `plan.resume` tokens."""
+        if plan.restore_checkpoint:
+            restore_recurrent(session.cache, session.checkpoint)
+        elif croppable:
+            crop_cache(session.cache, plan.resume)
+
+    # ------------------------------------------------------------------ the forward pass
+    def _forward(
+        self,
+        ids: tuple[int, ...],
+        resume: int,
+        cache,
+        *,
+        windows: tuple[QueryWindow, ...],
+        want_tap: bool,
+        legacy_rows: Span | None = None,
+    ) -> _Forward:
+        """Run tokens [resume, S) in chunks; collect head keys, window rows and the tap.
+
+        Without `legacy_rows` the forward stops at the head layer. With it, every layer runs
+        (the legacy scorer reads all of them) and the NoPE query rows `legacy_rows` of each
+        legacy layer are captured from its q_norm (or q_proj) output.
+        """
+        s = len(ids)
+        out = _Forward()
+        checkpoint_at = None
+        if legacy_rows is None and cache_has_recurrent_state(cache):
+            checkpoint_at = max(resume, s - CHECKPOINT_TAIL)
+            if 0 < resume == checkpoint_at < s:
+                out.checkpoint = snapshot_recurrent(cache, resume)
+        needed = [w.span for w in windows if w.span.begin >= resume]
+        handles = self._capture_legacy_queries(out, legacy_rows) if legacy_rows else []
+        ids_t = torch.tensor(ids, dtype=torch.long)
+        cuts = (checkpoint_at,) if checkpoint_at is not None else ()
+        t0 = time.perf_counter()
+        try:
+            for a, b in chunk_bounds(resume, s, self.config.drafter_chunk_tokens, cuts):
+                self._chunk = (a, b)
+                x = run_trunk_chunk(
+                    self.model,
+                    ids_t[a:b],
+                    a,
+                    cache,
+                    tap_layer=self.profile.head_layer,
+                    stop_at_tap=legacy_rows is None,
+                )
+                x = x.float()  # [c, hidden]
+                out.keys.append(head_keys(self.layer, x, n_kv=self.n_kv, head=self.head))
+                if want_tap:
+                    out.tap.append(x)
+                for span in needed:
+                    lo, hi = max(span.begin, a), min(span.end, b)
+                    if lo < hi:
+                        out.rows.setdefault(span, []).append(x[lo - a : hi - a])
+                if b == checkpoint_at:
+                    out.checkpoint = snapshot_recurrent(cache, b)
+        finally:
+            for h in handles:
+                h.remove()
+        out.ms = (time.perf_counter() - t0) * 1000
+        return out
+
+    def _capture_legacy_queries(self, out: _Forward, rows: Span) -> list:
+        """Forward hooks keeping the NoPE query rows `rows` of every legacy layer."""
+        decoder = _decoder(self.model)
+        handles = []
+        for i in self.profile.legacy_layers:
+            attn = decoder.layers[i].self_attn
+            module = attn.q_norm if hasattr(attn, "q_norm") else attn.q_proj
+            out.legacy_q[i] = []
+
+            def keep(module, args, output, i=i):
+                a, b = self._chunk
+                lo, hi = max(rows.begin, a), min(rows.end, b)
+                if lo < hi:  # q_norm output [1, c, H, D]; q_proj output [1, c, H*D]
+                    out.legacy_q[i].append(
+                        output[0, lo - a : hi - a].reshape(hi - lo, self.n_head, -1)
+                    )
+
+            handles.append(module.register_forward_hook(keep))
+        return handles
+
+    # ------------------------------------------------------------------ legacy scorer
+    def _score_legacy(self, req: ScoreRequest, *, with_head: bool) -> ScoreResult:
+        """Legacy tail scorer (§3.1, §3.2) over all layers, from scratch; `with_head` also
+        returns the head mass from the same forward (the split scorer)."""
+        ids = tuple(req.ids)
+        s, q_end = len(ids), req.query.end
+        rows = Span(q_end - min(self.config.legacy_query_tokens, q_end), q_end)
+        cache = self.new_cache()
+        windows = req.windows if with_head else ()
+        fwd = self._forward(ids, 0, cache, windows=windows, want_tap=req.want_tap, legacy_rows=rows)
+        running = torch.full((len(rows), q_end), -torch.inf)  # [n, S_lim]
+        for i in self.profile.legacy_layers:
+            q, k = self._legacy_qk(i, cache, torch.cat(fwd.legacy_q[i]).float(), rows)
+            scale = float(_decoder(self.model).layers[i].self_attn.scaling)
+            tail_running_max(running, q, k, rows.begin, scale)
+        score = torch.zeros(s)
+        score[:q_end] = running.mean(dim=0)
+        kernel = self.config.legacy_pool_kernel
+        if self.profile.legacy_rope:
+            kernel = max(3, kernel)  # §3.2: minimum 3
+        mass = (
+            self._head_mass(req, torch.cat(fwd.keys), fwd.window_rows())[0] if with_head else None
+        )
+        return ScoreResult(
+            mass=mass,
+            legacy=smooth_in_range(score, kernel).numpy().astype(np.float32),
+            tap=torch.cat(fwd.tap).numpy() if req.want_tap else None,
+            scorer_resume=0,
+            scorer_new_tokens=s,
+            scorer_forward_ms=fwd.ms,
+            extras=self._extras(legacy_rows=len(rows)),
+        )
+
+    def _legacy_qk(self, layer: int, cache, q: torch.Tensor, rows: Span):
+        """Layer `layer`'s legacy Q [n, H, D] and K [S_lim, Hk, D].
+
+        qwen35 (§3.2): Q rotated at its positions, K the cached post-RoPE keys. Otherwise
+        (§3.1) NoPE: Q as captured, K the cached keys rotated back by -theta (rotation is
+        orthogonal, so this recovers k_norm's output up to float rounding).
+        """
+        decoder = _decoder(self.model)
+        attn = decoder.layers[layer].self_attn
+        rotate = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        positions = torch.arange(0, rows.end).unsqueeze(0)  # [1, S_lim]
+        cos, sin = decoder.rotary_emb(torch.zeros(1), positions)  # [1, S_lim, rotary dims]
+        k = cache.layers[layer].keys[:, :, : rows.end].float()  # [1, Hk, S_lim, D] post-RoPE
+        if self.profile.legacy_rope:
+            qt = q.permute(1, 0, 2).unsqueeze(0)  # [1, H, n, D]
+            cq, sq = cos[:, rows.begin : rows.end], sin[:, rows.begin : rows.end]
+            q = rotate(qt, qt, cq, sq)[0][0].permute(1, 0, 2)
+        else:
+            unit = float(getattr(decoder.rotary_emb, "attention_scaling", 1.0)) ** 2
+            k = rotate(k, k, cos / unit, -sin / unit)[1]
+        return q, k[0].permute(1, 0, 2)
+
+
+def _validate(req: ScoreRequest) -> None:
+    """§3.3 step 10: the query window must lie inside the prompt and leave context before it."""
+    s = len(req.ids)
+    q = req.query
+    if req.scorer not in ("head", "legacy", "split"):
+        raise CompressionFailed("drafter", f"unknown scorer {req.scorer!r}: head, legacy or split")
+    if q.empty or q.begin < 0 or q.end > s:
+        raise CompressionFailed(
+            "drafter", f"query window out of range: {q.as_list()} over {s} tokens"
+        )
+    if s < len(q) + 1:
+        raise CompressionFailed(
+            "drafter", f"input is too short: {s} tokens for a {len(q)}-token query"
+        )
+    for w in req.windows:
+        if w.span.empty or w.span.begin < 0 or w.span.end > s:
+            raise CompressionFailed(
+                "drafter", f"query window out of range: {w.kind} {w.span.as_list()} over {s} tokens"
+            )
+    if req.scorer in ("head", "split") and not req.windows:
+        raise CompressionFailed("drafter", "the head scorer needs at least one query window")
