@@ -123,6 +123,10 @@ class Ingress:
         self._max_context: int | None = self.config.max_context
         self.model_name = self.config.upstream_model or self.config.target
         self.store = None  # the SessionStore deployment actor, resolved on first use
+        try:  # sent as x-pflash-replica so an operator can follow a conversation's turns
+            self.replica = serve.get_replica_context().replica_id.unique_id
+        except Exception:
+            self.replica = "local"
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Apply `user_config` live: every PFlash knob, validated like at startup."""
@@ -219,6 +223,7 @@ class Ingress:
                 return StreamingResponse(
                     self._stream(req, kind, compression, params, key, started, keepalive=True),
                     media_type="text/event-stream",
+                    headers={"x-pflash-replica": self.replica},
                 )
         try:
             served = await compression
@@ -228,6 +233,7 @@ class Ingress:
             return StreamingResponse(
                 self._stream(req, kind, compression, params, key, started, keepalive=False),
                 media_type="text/event-stream",
+                headers={"x-pflash-replica": self.replica},
             )
         try:
             return await self._respond(req, kind, served, params, key, started)
@@ -456,7 +462,9 @@ class Ingress:
                 meta, "".join(text), done.finish_reason, usage, pflash_prompt=prompt
             )
         )
-        return JSONResponse(body.model_dump(mode="json"))
+        return JSONResponse(
+            body.model_dump(mode="json"), headers={"x-pflash-replica": self.replica}
+        )
 
     async def _stream(
         self, req, kind, compression, params, key, started, *, keepalive: bool

@@ -45,7 +45,11 @@ def _config(tmp: Path, port: int) -> Path:
         threshold=100_000,  # auto never compresses here; tests ask with pflash_mode
         api_keys=[KEY, OTHER_KEY],
         max_body_bytes=2_000_000,
+        chat_compress_new_tokens=1000,  # a 2K-token paste counts as large on an 8K model
     )
+    for dep in main["deployments"]:
+        if dep["name"] == "Ingress":
+            dep["num_replicas"] = 2  # turns of one conversation land on either replica
 
     gw2 = copy.deepcopy(template)
     gw2.update(name="gw2", route_prefix="/gw2")
@@ -512,3 +516,164 @@ def test_metrics_are_exported_for_prometheus_and_move_with_requests(cluster, cli
     assert delta("ray_pflash_ttft_seconds_count", compressed="true") == 1
     assert delta("ray_pflash_drafter_forward_seconds_sum") > 0
     assert delta("ray_pflash_input_tokens_sum") > delta("ray_pflash_kept_tokens_sum") > 0
+
+
+# ----------------------------------------------------------------------------- multi-turn
+
+FACTS = (
+    "The access code for the north gate is 4417.",
+    "The ferry to Lindholm leaves at 06:40 every Tuesday.",
+    "Professor Okonkwo keeps the spare key in the blue teapot.",
+    "The backup generator burns 12 litres of diesel per hour.",
+)
+QUESTIONS = (
+    "What is the access code for the north gate?",
+    "When does the ferry to Lindholm leave?",
+    "Where does Professor Okonkwo keep the spare key?",
+)
+
+
+def _fact_document() -> str:
+    """~4.5K target tokens of real prose (GPL-3) with four facts at 20/40/60/80%."""
+    paras = Path("/usr/share/common-licenses/GPL-3").read_text()[:20000].split("\n\n")
+    for i, fact in enumerate(FACTS):
+        paras.insert((i + 1) * len(paras) // (len(FACTS) + 1), fact)
+    return "\n\n".join(paras)
+
+
+def _turn(http: httpx.Client, messages: list[dict], key: str = KEY, max_tokens: int = 24):
+    r = http.post(
+        "/v1/chat/completions",
+        json={
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "pflash_mode": "always",
+            "pflash_keep_ratio": 0.1,
+            "pflash_return_prompt": True,
+        },
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return (
+        body,
+        body["usage"]["timings"]["pflash"],
+        body["pflash_prompt"],
+        r.headers["x-pflash-replica"],
+    )
+
+
+@pytest.fixture(scope="module")
+def conversation(server):
+    """Three turns over one document; each later turn asks a fact the earlier served prompts dropped."""
+    http = httpx.Client(base_url=server, timeout=600)
+    messages = [{"role": "user", "content": _fact_document() + "\n\n" + QUESTIONS[0]}]
+    turns = []
+    for t, question in enumerate(QUESTIONS):
+        if t:
+            messages = messages + [{"role": "user", "content": question}]
+        body, stats, served, replica = _turn(http, messages)
+        turns.append(
+            {
+                "messages": messages,
+                "body": body,
+                "stats": stats,
+                "served": served,
+                "replica": replica,
+            }
+        )
+        messages = messages + [
+            {"role": "assistant", "content": body["choices"][0]["message"]["content"]}
+        ]
+    yield turns
+    http.close()
+
+
+def test_first_turn_is_a_fresh_compressed_view(conversation):
+    first = conversation[0]
+    assert first["stats"]["view"]["mode"] == "fresh" and first["stats"]["view"]["turn"] == 1
+    assert first["stats"]["compressed_tokens"] < 0.25 * first["body"]["usage"]["prompt_tokens"]
+    assert FACTS[0] in first["served"] and FACTS[1] not in first["served"]
+    assert "4417" in first["body"]["choices"][0]["message"]["content"]
+
+
+def test_follow_up_recalls_the_dropped_fact_and_extends_the_served_prefix(conversation):
+    for t in (1, 2):
+        prev, turn = conversation[t - 1], conversation[t]
+        view = turn["stats"]["view"]
+        assert view["mode"] == "continue" and view["turn"] == t + 1
+        assert view["recalled_tokens"] > 0
+        assert FACTS[t] in turn["served"] and FACTS[t] not in prev["served"]
+        # byte-stable prefix: everything the target cached up to the old generation prompt
+        cut = prev["served"].rindex("<|im_start|>assistant\n")
+        assert turn["served"][:cut] == prev["served"][:cut]
+        assert view["reused_tokens"] > 0.8 * prev["stats"]["view"]["served_tokens"]
+    assert "06:40" in conversation[1]["body"]["choices"][0]["message"]["content"]
+    assert "teapot" in conversation[2]["body"]["choices"][0]["message"]["content"]
+
+
+def test_later_turns_resume_the_drafter_session(conversation):
+    first, later = conversation[0]["stats"], conversation[1]["stats"]
+    assert (
+        first["scorer_resume"] == 0 and first["scorer_new_tokens"] == first["drafter_input_tokens"]
+    )
+    assert later["scorer_resume"] >= first["drafter_input_tokens"] - 8
+    assert later["scorer_new_tokens"] < 0.1 * later["drafter_input_tokens"]
+    assert later["scorer_forward_ms"] < 0.25 * first["scorer_forward_ms"]
+
+
+def test_same_request_again_is_a_byte_identical_repeat_on_any_ingress_replica(server, conversation):
+    last = conversation[-1]
+    replicas = {last["replica"]}
+    with httpx.Client(base_url=server, timeout=300) as http:
+        for _ in range(10):
+            _, stats, served, replica = _turn(http, last["messages"], max_tokens=1)
+            replicas.add(replica)
+            assert stats["view"]["mode"] == "repeat"
+            assert served == last["served"]
+            assert stats["compress_ms"] == 0
+    assert len(replicas) == 2, "all 11 requests landed on one of two ingress replicas"
+
+
+def test_agent_step_appends_verbatim_without_running_the_drafter(server, conversation):
+    last = conversation[-1]
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "lookup", "arguments": '{"room": "12"}'},
+    }
+    messages = last["messages"] + [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Room 12 is on the third floor."},
+    ]
+    with httpx.Client(base_url=server, timeout=300) as http:
+        _, stats, served, _ = _turn(http, messages, max_tokens=4)
+    assert stats["view"]["mode"] == "continue"
+    assert stats["scorer_new_tokens"] == 0 and stats["compress_ms"] == 0
+    assert "Room 12 is on the third floor." in served
+    cut = last["served"].rindex("<|im_start|>assistant\n")
+    assert served[:cut] == last["served"][:cut]
+
+
+def test_large_paste_is_compressed_into_the_view(server, conversation):
+    last = conversation[-1]
+    paste = Path("/usr/share/common-licenses/Apache-2.0").read_text()[:9000]
+    answer = {"role": "assistant", "content": last["body"]["choices"][0]["message"]["content"]}
+    question = paste + "\n\nWhat does this licence say about trademarks?"
+    messages = last["messages"] + [answer, {"role": "user", "content": question}]
+    with httpx.Client(base_url=server, timeout=600) as http:
+        body, stats, served, _ = _turn(http, messages, max_tokens=4)
+    assert stats["view"]["mode"] == "continue-compressed"
+    new_tokens = body["usage"]["prompt_tokens"] - conversation[-1]["body"]["usage"]["prompt_tokens"]
+    assert stats["view"]["delta_tokens"] < 0.5 * new_tokens
+    assert served.endswith(
+        "What does this licence say about trademarks?<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_views_of_one_api_key_are_never_used_for_another(server, conversation):
+    second = conversation[1]
+    with httpx.Client(base_url=server, timeout=600) as http:
+        _, stats, _, _ = _turn(http, second["messages"], key=OTHER_KEY, max_tokens=1)
+    assert stats["view"]["mode"] == "fresh" and stats["view"]["turn"] == 1
