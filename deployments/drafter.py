@@ -14,6 +14,7 @@ from ray import serve
 
 from deployments.resources import apply_thread_limits
 from pflash.config import build_config
+from pflash.models.loading import use_device
 from pflash.scoring import ScoreRequest, ScoreResult
 
 log = logging.getLogger("ray.serve")
@@ -26,6 +27,7 @@ class DrafterScorerDeployment:
 
         self._base = dict(config)
         threads = apply_thread_limits()
+        use_device(build_config(config).device)  # tensors the model code creates land beside it
         self.config = build_config(self._base)
         self.scorer = DrafterScorer(self.config)
         log.info("DrafterScorer ready (%d torch threads)", threads)

@@ -35,7 +35,14 @@ from pflash.config import PFlashConfig, build_config
 from pflash.errors import CompressionFailed, InvalidRequest, PFlashError
 from pflash.models.source import load_tokenizer
 from pflash.models.target import GenerationDone, SamplingParams, TokenDelta
-from pflash.pipeline import Compressed, PromptInput, finish, prepare, uncompressed
+from pflash.pipeline import (
+    Compressed,
+    PromptInput,
+    finish,
+    prepare,
+    scorer_failure_action,
+    uncompressed,
+)
 from pflash.trace import TraceWriter
 from pflash.views import decide_view, served_result, view_keys
 
@@ -351,7 +358,7 @@ class Ingress:
             err = unwrap_remote_error(exc)
             stage = err.stage if isinstance(err, CompressionFailed) else "drafter"
             self.metrics.record("pflash_errors", stage=stage)
-            if stage == "drafter" and config.on_drafter_error == "bypass":
+            if scorer_failure_action(stage, config) == "bypass":
                 log.warning(
                     "drafter failed, serving uncompressed (on_drafter_error=bypass): %s", err
                 )

@@ -15,6 +15,7 @@ from ray import serve
 
 from deployments.resources import apply_thread_limits
 from pflash.config import build_config
+from pflash.models.loading import use_device
 from pflash.models.target import GenerationEvent, SamplingParams
 
 log = logging.getLogger("ray.serve")
@@ -25,6 +26,7 @@ class TargetModelDeployment:
     def __init__(self, config: dict[str, Any]):
         self.config = build_config(config)
         threads = apply_thread_limits()
+        use_device(build_config(config).device)  # tensors the model code creates land beside it
         if self.config.target_backend == "openai":
             from pflash.models.source import load_tokenizer
             from pflash.models.target import OpenAITarget

@@ -242,6 +242,10 @@ class PFlashConfig(BaseModel):
     )
     upstream_api_key: str | None = Field(None, description="openai backend: the upstream API key.")
     upstream_model: str | None = Field(None, description="openai backend: the upstream model name.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where the drafter and an in-process target run: auto (cuda when a GPU is visible to the replica, else cpu), cpu, cuda.",
+    )
     max_context: int | None = Field(
         None, gt=0, description="Target context length; unset = read from the target model."
     )

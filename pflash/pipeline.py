@@ -139,6 +139,13 @@ def prepare(
     )
     if not budget.compress:
         return Prepared(inp, prompt_text, plan, budget, False, budget.reason, None)
+    if plan.n_tokens < len(plan.query) + 1 or (
+        plan.query.begin == 0 and not plan.query_suffix_candidates
+    ):
+        # nothing precedes the question: the scorer would have no key to score
+        return Prepared(inp, prompt_text, plan, budget, False, "prompt_too_short", None)
+    if budget.keep_ratio >= 1.0:
+        return Prepared(inp, prompt_text, plan, budget, False, "nothing_to_drop", None)
     suffix = plan.query_suffix_candidates and config.select_scorer != "split"
     request = ScoreRequest(
         ids=plan.drafter.ids,
@@ -465,6 +472,18 @@ def _subsequence_survives(kept: list[int], query: list[int], min_fraction: float
     return matched >= min_fraction * len(query)
 
 
+# ---------------------------------------------------------------------------- failures
+
+
+def scorer_failure_action(stage: str, config: PFlashConfig) -> str:
+    """What to do when compression fails at `stage`: "bypass" (serve the prompt uncompressed,
+    counted) only for a drafter failure and only when the operator chose
+    `on_drafter_error: bypass`; "fail" otherwise. Mapping, selection and ceiling failures
+    always fail: serving a wrongly compressed prompt is never an option, and an uncompressed
+    one only by that explicit choice."""
+    return "bypass" if stage == "drafter" and config.on_drafter_error == "bypass" else "fail"
+
+
 # ---------------------------------------------------------------------------- one call
 
 
@@ -481,7 +500,15 @@ def uncompressed(prepared: Prepared) -> Compressed:
         "stop_reason": prepared.reason,
     }
     return Compressed(
-        False, tuple(ids), prepared.prompt_text, (), (), stats, prepared.plan, prepared.reason, len(ids)
+        False,
+        tuple(ids),
+        prepared.prompt_text,
+        (),
+        (),
+        stats,
+        prepared.plan,
+        prepared.reason,
+        len(ids),
     )
 
 

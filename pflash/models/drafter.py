@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, ConfigError, ModelUnavailable
-from pflash.models.loading import LoadedModel, load_causal_lm
+from pflash.models.loading import LoadedModel, load_causal_lm, resolve_device
 from pflash.models.scoring_head import HeadIdentity, ScoringHead, drafter_sha256, load_scoring_head
 from pflash.models.sessions import (
     CHECKPOINT_TAIL,
@@ -428,7 +428,11 @@ class DrafterScorer:
 
     def __init__(self, config: PFlashConfig, loaded: LoadedModel | None = None):
         self.config = config
-        self.loaded = loaded if loaded is not None else load_causal_lm(config.drafter)
+        self.loaded = (
+            loaded
+            if loaded is not None
+            else load_causal_lm(config.drafter, device=resolve_device(config.device))
+        )
         self.model = self.loaded.model
         self.model.eval()
         self.profile = resolve_profile(self.loaded, config)

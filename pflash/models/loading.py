@@ -147,8 +147,30 @@ def _load_gguf(source: ModelSource, facts: GGUFFacts, torch_dtype):
     )
 
 
-def load_causal_lm(spec: str, *, dtype: str = "float32") -> LoadedModel:
-    """Load `spec` as an AutoModelForCausalLM in eval mode on CPU."""
+def resolve_device(choice: str = "auto") -> str:
+    """ "cuda" when asked, or when "auto" and a GPU is visible to this process; else "cpu"."""
+    import torch
+
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ModelUnavailable("device cuda was requested but no GPU is visible to this replica")
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return choice
+
+
+def use_device(choice: str = "auto") -> str:
+    """Make `choice` this process's default torch device (a replica owns its process), so
+    tensors the scorer and target create land beside the weights. Returns the device."""
+    import torch
+
+    device = resolve_device(choice)
+    torch.set_default_device(device)
+    return device
+
+
+def load_causal_lm(spec: str, *, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
+    """Load `spec` as an AutoModelForCausalLM in eval mode on `device` (float32 weights:
+    the scorer's softmax runs in fp32; GPU serving of a large target belongs to an upstream)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -188,6 +210,8 @@ def load_causal_lm(spec: str, *, dtype: str = "float32") -> LoadedModel:
             else:
                 os.replace(tmp, converted)
         check_against_facts(model, facts)
+    if device != "cpu":
+        model.to(device)
     model.eval()
     seconds = time.perf_counter() - t0
     log.info(

@@ -452,10 +452,10 @@ class TransformersTarget(TargetBackend):
     def from_config(
         cls, config: PFlashConfig, *, num_threads: int | None = None
     ) -> TransformersTarget:
-        from pflash.models.loading import load_causal_lm
+        from pflash.models.loading import load_causal_lm, resolve_device
         from pflash.models.source import load_tokenizer
 
-        loaded = load_causal_lm(config.target)
+        loaded = load_causal_lm(config.target, device=resolve_device(config.device))
         tokenizer = load_tokenizer(config.target_tokenizer or config.target)
         return cls(loaded.model, tokenizer, max_context=config.max_context, num_threads=num_threads)
 

@@ -2,7 +2,7 @@
 serveConfigV2 equal to serve_config.yaml plus the overlay, and a dashboard that queries only
 metrics the application exports.
 
-The KubeRay CRDs and the validation recipe come from the shared spec (RAY_SERVE.md §2).
+The KubeRay CRDs (vendored in k8s/crds/) and the validation recipe come from the shared spec (RAY_SERVE.md §2).
 The check runs Draft 7 jsonschema over the CRD's openAPIV3Schema in strict mode, as
 `kubectl apply --validate=strict` would, after the API server's defaulting step. Without
 that step, defaulted required fields show up as false errors. serveConfigV2 is only a
@@ -30,7 +30,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
-KUBERAY = ROOT.parent / "shared" / "data" / "kuberay"
+KUBERAY = ROOT / "k8s" / "crds"  # copies of the KubeRay v1.7.0 CRDs (k8s/crds/README.md)
 RENDER = ROOT / "scripts" / "render_rayservice.py"
 
 # Ray Serve's built-in series the dashboard may use (RAY_SERVE.md §1c; all seen on a

@@ -217,3 +217,41 @@ def test_legacy_selector_keeps_the_question(smollm2_tokenizer):
     )
     assert out.compressed and QUESTION in out.served_text
     assert len(out.served_ids) < 0.5 * len(ids)
+
+
+@pytest.mark.parametrize(
+    ("stage", "choice", "action"),
+    [
+        ("drafter", "bypass", "bypass"),
+        ("drafter", "fail", "fail"),
+        ("selection", "bypass", "fail"),
+        ("ceiling", "bypass", "fail"),
+        ("query_mapping", "bypass", "fail"),
+    ],
+)
+def test_only_drafter_failures_may_bypass_and_only_when_the_operator_chose_it(
+    stage, choice, action
+):
+    from pflash.pipeline import scorer_failure_action
+
+    assert (
+        scorer_failure_action(stage, build_config({"on_drafter_error": choice}, env={})) == action
+    )
+
+
+def test_a_prompt_that_is_only_the_question_is_served_as_is(smollm2_tokenizer):
+    cfg = build_config(CFG, env={})
+    ids = tuple(smollm2_tokenizer("Hello there", add_special_tokens=False)["input_ids"])
+
+    def never(req):
+        raise AssertionError("the drafter must not run")
+
+    out = compress(
+        PromptInput(prompt_ids=ids),
+        config=cfg,
+        target_tokenizer=smollm2_tokenizer,
+        drafter_tokenizer=smollm2_tokenizer,
+        scorer=never,
+    )
+    assert not out.compressed and out.served_ids == ids
+    assert out.reason in ("prompt_too_short", "nothing_to_drop")
