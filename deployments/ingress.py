@@ -417,6 +417,18 @@ class Ingress:
             fields["view"] = api.ViewStats(**fields["view"])
         return api.PFlashStats(**fields)
 
+    def _account(self, kind: str, compressed: Compressed, done, ttft: float | None, started: float):
+        """Usage for the response and the request's metrics, once the generation is done."""
+        if done is None:
+            raise CompressionFailed("target", "the target ended without finishing the generation")
+        prompt_n = compressed.original_tokens
+        usage = api.build_usage(prompt_n, done.timings, self._stats(compressed))
+        ttft_s = ttft if ttft is not None else time.perf_counter() - started
+        self._observe(compressed, prompt_n, ttft_s, done.timings.prompt_ms)
+        tag = "true" if compressed.compressed else "false"
+        self.metrics.record("pflash_requests", endpoint=kind, compressed=tag)
+        return usage
+
     def _observe(
         self, compressed: Compressed, prompt_n: int, ttft_s: float, prefill_ms: float
     ) -> None:
@@ -446,21 +458,7 @@ class Ingress:
                 text.append(event.text)
             elif isinstance(event, GenerationDone):
                 done = event
-        if done is None:
-            raise CompressionFailed("target", "the target ended without finishing the generation")
-        prompt_n = compressed.original_tokens
-        usage = api.build_usage(prompt_n, done.timings, self._stats(compressed))
-        self._observe(
-            compressed,
-            prompt_n,
-            ttft if ttft is not None else time.perf_counter() - started,
-            done.timings.prompt_ms,
-        )
-        self.metrics.record(
-            "pflash_requests",
-            endpoint=kind,
-            compressed="true" if compressed.compressed else "false",
-        )
+        usage = self._account(kind, compressed, done, ttft, started)
         prompt = compressed.served_text if req.pflash_return_prompt else None
         body = (
             api.chat_response(meta, "".join(text), done.finish_reason, usage, pflash_prompt=prompt)
@@ -517,19 +515,7 @@ class Ingress:
                 )
             )
             yield api.sse_event(final)
-            prompt_n = compressed.original_tokens
-            usage = api.build_usage(prompt_n, done_event.timings, self._stats(compressed))
-            self._observe(
-                compressed,
-                prompt_n,
-                ttft if ttft is not None else time.perf_counter() - started,
-                done_event.timings.prompt_ms,
-            )
-            self.metrics.record(
-                "pflash_requests",
-                endpoint=kind,
-                compressed="true" if compressed.compressed else "false",
-            )
+            usage = self._account(kind, compressed, done_event, ttft, started)
             if req.include_usage:
                 chunk = (
                     api.chat_usage_chunk(meta, usage)

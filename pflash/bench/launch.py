@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +34,10 @@ def free_port(avoid: range = range(10002, 20000)) -> int:
         if port not in avoid:
             return port
     raise RuntimeError("no free port")
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 class ServeCluster:
@@ -71,6 +76,9 @@ class ServeCluster:
         return proc
 
     def start(self, ready_url: str, ready_body: dict, timeout_s: float = 300.0) -> None:
+        # a SIGTERM to the caller must still run its `finally: cluster.stop()`
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
         log = open(self.log_path, "w")
         self._spawn(
             [

@@ -75,7 +75,7 @@ def random_target(spec: str, out: Path) -> str:
         intermediate_size=ffn,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 3),
+        num_key_value_heads=max(1, heads // 4),  # GQA; heads must be a multiple
         max_position_embeddings=8192,
         rope_theta=100000.0,
         tie_word_embeddings=True,
