@@ -417,10 +417,28 @@ class Ingress:
             fields["view"] = api.ViewStats(**fields["view"])
         return api.PFlashStats(**fields)
 
-    def _account(self, kind: str, compressed: Compressed, done, ttft: float | None, started: float):
-        """Usage for the response and the request's metrics, once the generation is done."""
+    def _account(
+        self,
+        kind: str,
+        compressed: Compressed,
+        done,
+        ttft: float | None,
+        started: float,
+        session=None,
+    ):
+        """Usage for the response and the request's metrics, once the generation is done.
+
+        When the target ran speculative decoding, its acceptance moves this session's
+        adaptive keep ratio (§6.6): lower acceptance reads as lost context → keep more.
+        """
         if done is None:
             raise CompressionFailed("target", "the target ended without finishing the generation")
+        accept = getattr(done, "accept_rate", None)
+        if session and accept is not None and compressed.compressed and self.config.adaptive_keep:
+            r0 = configured_keep_ratio(self.config, compressed.original_tokens)
+            asyncio.ensure_future(
+                self._store_call("report_acceptance", session, accept, r0, default=None)
+            )
         prompt_n = compressed.original_tokens
         usage = api.build_usage(prompt_n, done.timings, self._stats(compressed))
         ttft_s = ttft if ttft is not None else time.perf_counter() - started
@@ -458,7 +476,7 @@ class Ingress:
                 text.append(event.text)
             elif isinstance(event, GenerationDone):
                 done = event
-        usage = self._account(kind, compressed, done, ttft, started)
+        usage = self._account(kind, compressed, done, ttft, started, session=req.session_id and key)
         prompt = compressed.served_text if req.pflash_return_prompt else None
         body = (
             api.chat_response(meta, "".join(text), done.finish_reason, usage, pflash_prompt=prompt)
@@ -515,7 +533,9 @@ class Ingress:
                 )
             )
             yield api.sse_event(final)
-            usage = self._account(kind, compressed, done_event, ttft, started)
+            usage = self._account(
+                kind, compressed, done_event, ttft, started, session=req.session_id and key
+            )
             if req.include_usage:
                 chunk = (
                     api.chat_usage_chunk(meta, usage)

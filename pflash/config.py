@@ -246,6 +246,16 @@ class PFlashConfig(BaseModel):
         "auto",
         description="Where the drafter and an in-process target run: auto (cuda when a GPU is visible to the replica, else cpu), cpu, cuda.",
     )
+    speculative_tokens: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="transformers target: draft tokens per speculative step for greedy requests, 1..16; 0 = off. The acceptance drives adaptive_keep.",
+    )
+    speculative_drafter: str | None = Field(
+        None,
+        description="Assistant model for speculative decoding (same sources as drafter; must share the target's tokenizer); unset = the drafter model.",
+    )
     max_context: int | None = Field(
         None, gt=0, description="Target context length; unset = read from the target model."
     )

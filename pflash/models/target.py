@@ -5,7 +5,9 @@ One contract (`TargetBackend`), two backends:
 - `TransformersTarget` runs a loaded causal LM in this process (the embedded default). It
   keeps KV prefix snapshots so a conversation's served prefix is prefilled once: the
   snapshot is cut at the view's generation-prompt start (`snapshot_cut`, ALGORITHM §6.3),
-  and the next turn, which extends that prefix, prefills only its new tokens.
+  and the next turn, which extends that prefix, prefills only its new tokens. With an
+  assistant model it decodes greedy requests speculatively and reports the draft
+  acceptance (`GenerationDone.accept_rate`) that the adaptive keep ratio follows (§6.6).
 - `OpenAITarget` forwards to an OpenAI-compatible upstream (vLLM, SGLang, llama.cpp server,
   another PFlash gateway). The served prompt already carries the chat template, so it goes
   out as a raw `/v1/completions` prompt; the upstream's own prefix cache does the reuse.
@@ -27,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from pflash.errors import InvalidRequest, PFlashError
+from pflash.errors import ConfigError, InvalidRequest, PFlashError
 
 if TYPE_CHECKING:
     import httpx
@@ -100,10 +102,18 @@ class GenerationTimings:
 
 @dataclass(frozen=True)
 class GenerationDone:
-    """The last event of every successful generation."""
+    """The last event of every successful generation.
+
+    `accept_rate` is the target's speculative-decoding acceptance: draft tokens accepted /
+    draft tokens proposed, in [0, 1], over this generation's verification steps. None when
+    no speculation ran (no assistant, a sampling request, an answer of one token, an
+    upstream that does not report it). The adaptive keep-ratio controller (ALGORITHM §6.6)
+    consumes it and moves only on a reported value.
+    """
 
     finish_reason: FinishReason
     timings: GenerationTimings
+    accept_rate: float | None = None
 
 
 GenerationEvent = TokenDelta | GenerationDone
@@ -118,6 +128,7 @@ class GenerationResult:
     tool_calls: list[dict[str, Any]]
     finish_reason: FinishReason
     timings: GenerationTimings
+    accept_rate: float | None = None
 
 
 async def collect_generation(events: AsyncIterator[GenerationEvent]) -> GenerationResult:
@@ -127,7 +138,9 @@ async def collect_generation(events: AsyncIterator[GenerationEvent]) -> Generati
     calls: list[dict[str, Any]] = []
     async for event in events:
         if isinstance(event, GenerationDone):
-            return GenerationResult("".join(pieces), ids, calls, event.finish_reason, event.timings)
+            return GenerationResult(
+                "".join(pieces), ids, calls, event.finish_reason, event.timings, event.accept_rate
+            )
         pieces.append(event.text)
         ids.extend(event.token_ids)
         calls.extend(event.tool_calls)
@@ -198,7 +211,8 @@ class TargetBackend(abc.ABC):
     - then exactly one `GenerationDone` with `finish_reason` ("stop": EOS or a stop string;
       "length": `max_tokens` or the context ran out; "tool_calls": only from a chat
       passthrough) and `timings` (`prompt_n` tokens actually prefilled, `cache_n` prefix
-      tokens reused, `predicted_n` tokens sampled, milliseconds for both phases).
+      tokens reused, `predicted_n` tokens sampled, milliseconds for both phases) and
+      `accept_rate` (speculative-decoding acceptance, None when none ran).
 
     `prompt_ids` are target-vocabulary tokens of the fully rendered prompt: the chat
     template and generation prompt are already applied, and a backend never applies them
@@ -368,14 +382,29 @@ class PrefixSnapshots:
 
 @dataclass
 class _Decoding:
-    """One generation's live state; owned by the worker thread between steps."""
+    """One generation's live state; owned by the worker thread between steps.
+
+    `tokens` are the prompt and every token sampled so far (target vocabulary); the target's
+    `cache` covers all of them but the last sampled one, which the next step feeds. When the
+    request speculates, `draft_cache` is the assistant's KV cache over a prefix of `tokens`
+    (it catches up on the rest at its next draft) and `proposed` / `accepted` count draft
+    tokens; otherwise `draft_cache` is None.
+    """
 
     cache: Any  # transformers DynamicCache
-    logits: torch.Tensor  # [V] next-token logits
+    logits: torch.Tensor  # [V] logits the last sampled token was drawn from
     generator: torch.Generator | None
     cache_n: int = 0
     prompt_ms: float = 0.0
     params: SamplingParams = field(default_factory=SamplingParams)
+    tokens: list[int] = field(default_factory=list)
+    draft_cache: Any = None  # the assistant's DynamicCache
+    proposed: int = 0
+    accepted: int = 0
+
+    @property
+    def accept_rate(self) -> float | None:
+        return self.accepted / self.proposed if self.proposed else None
 
 
 def sample_token(
@@ -395,16 +424,71 @@ def sample_token(
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def accept_drafts(drafts: Sequence[int], verified: Sequence[int]) -> list[int]:
+    """Greedy speculative acceptance: the longest prefix of `drafts` the target agrees with,
+    then the target's own token after it (the correction, or a bonus when all agree).
+
+    `verified[i]` is the target's greedy token after the committed tokens plus `drafts[:i]`
+    (`len(drafts) + 1` of them), so the result is exactly what greedy decoding emits next;
+    `len(result) - 1` drafts were accepted.
+    """
+    if len(verified) != len(drafts) + 1:
+        raise ValueError(f"need {len(drafts) + 1} verified tokens, got {len(verified)}")
+    n = 0
+    while n < len(drafts) and drafts[n] == verified[n]:
+        n += 1
+    return [*drafts[:n], verified[n]]
+
+
+def vocabulary_mismatch(target_tokenizer: Any, assistant_tokenizer: Any) -> str | None:
+    """Why an assistant's tokenizer cannot draft for this target, or None when it can.
+
+    Speculation feeds target token ids to the assistant and its draft ids back to the target
+    unmapped, so both must use one vocabulary: the same token for every id.
+    """
+    target, draft = target_tokenizer.get_vocab(), assistant_tokenizer.get_vocab()
+    if target == draft:
+        return None
+    if len(target) != len(draft):
+        return f"the drafter's tokenizer has {len(draft)} tokens, the target's {len(target)}"
+    token = min((t for t, i in target.items() if draft.get(t) != i), key=target.__getitem__)
+    return (
+        f"token {token!r} is id {target[token]} for the target but {draft.get(token)} "
+        "for the drafter"
+    )
+
+
+def _refuse_assistant(name: str, why: str) -> ConfigError:
+    return ConfigError(
+        "speculative_drafter",
+        name,
+        f"speculative decoding needs a drafter that shares the target's tokenizer "
+        f"(same vocabulary); {why}",
+    )
+
+
 class TransformersTarget(TargetBackend):
     """In-process generation with a transformers causal LM, with KV prefix snapshots.
 
     All torch work runs on one dedicated worker thread, one step at a time (prefill, then
-    one call per token), so the event loop stays responsive and concurrent generations
-    interleave token by token. The prompt's snapshot is copied right after prefill, before
+    one call per decode step), so the event loop stays responsive and concurrent generations
+    interleave step by step. The prompt's snapshot is copied right after prefill, before
     any token is generated, so it holds exactly `prompt_ids[:snapshot_cut]` and is there
     even if the client leaves mid-answer. Snapshots need a plain full-attention `DynamicCache`
     (llama, qwen2/3, SmolLM2); for models with sliding-window or linear-attention layers
     they are off and every prompt is prefilled whole.
+
+    Speculative decoding (an `assistant`: a second causal LM sharing the target's tokenizer)
+    runs for **greedy** requests only. Each step the assistant proposes up to
+    `speculative_tokens` tokens greedily, the target verifies them in one forward, the
+    longest agreeing prefix plus the target's own next token is kept, and both KV caches are
+    cropped back to the kept tokens. The answer is token for token the one plain greedy
+    decoding gives (up to floating-point near-ties between a one-token and a k-token
+    forward); each step's accepted tokens stream as one delta, and `GenerationDone`
+    reports the acceptance. **Sampling requests decode without speculation** (no rejection
+    sampling here) and report `accept_rate` None. The assistant keeps its own prefix
+    snapshots, cut like the target's; its prefill is counted in `prompt_ms`, while
+    `prompt_n` and `cache_n` stay the target's.
     """
 
     def __init__(
@@ -416,10 +500,12 @@ class TransformersTarget(TargetBackend):
         num_threads: int | None = None,
         snapshot_capacity: int = 4,
         prefill_chunk: int = 1024,
+        assistant: Any | None = None,
+        assistant_tokenizer: Any | None = None,
+        speculative_tokens: int = 4,
+        assistant_snapshot_capacity: int | None = None,
     ):
         import torch
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
 
         self.model = model
         self.tokenizer = tokenizer
@@ -433,11 +519,24 @@ class TransformersTarget(TargetBackend):
         self.prefill_chunk = prefill_chunk
         self.device = next(model.parameters()).device
         self.eos_ids = self._eos_ids(model, tokenizer)
-        probe = DynamicCache(config=model.config)
-        full_attention = all(type(layer) is DynamicLayer for layer in probe.layers)
-        self.snapshots = PrefixSnapshots(snapshot_capacity if full_attention else 0)
-        if not full_attention:
-            log.info("target cache is not plain full attention: prefix snapshots are off")
+        self.snapshots = PrefixSnapshots(
+            snapshot_capacity if self._full_attention(model, "target") else 0
+        )
+        self.assistant = assistant
+        self.speculative_tokens = speculative_tokens
+        if assistant is not None:
+            self._check_assistant(assistant, assistant_tokenizer)
+            capacity = (
+                snapshot_capacity
+                if assistant_snapshot_capacity is None
+                else (assistant_snapshot_capacity)
+            )
+            full = self._full_attention(assistant, "assistant")
+            self.draft_snapshots = PrefixSnapshots(capacity if full else 0)
+            draft_config = assistant.config.get_text_config(decoder=True)
+            self._assistant_context = int(
+                getattr(draft_config, "max_position_embeddings", 0) or self.max_context
+            )
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         # intra-op thread counts can be per thread (OpenMP), so set it in the worker too
@@ -452,12 +551,43 @@ class TransformersTarget(TargetBackend):
     def from_config(
         cls, config: PFlashConfig, *, num_threads: int | None = None
     ) -> TransformersTarget:
+        """The target (and, with `speculative_tokens` > 0, its assistant) from the config.
+
+        The assistant is `speculative_drafter`, by default the drafter model; one sharing the
+        target's source shares its weights. A drafter whose tokenizer differs from the
+        target's is refused here, before its weights are loaded.
+        """
         from pflash.models.loading import load_causal_lm, resolve_device
         from pflash.models.source import load_tokenizer
 
-        loaded = load_causal_lm(config.target, device=resolve_device(config.device))
+        device = resolve_device(config.device)
         tokenizer = load_tokenizer(config.target_tokenizer or config.target)
-        return cls(loaded.model, tokenizer, max_context=config.max_context, num_threads=num_threads)
+        # getattr: the speculative knobs are new; a config without them means "off"
+        draft_tokens = config.speculative_tokens
+        spec = config.speculative_drafter or config.drafter
+        assistant_tokenizer = None
+        if draft_tokens > 0:
+            own_tokenizer = spec == config.drafter and config.drafter_tokenizer
+            assistant_tokenizer = load_tokenizer(own_tokenizer or spec)
+            why = vocabulary_mismatch(tokenizer, assistant_tokenizer)
+            if why:
+                raise _refuse_assistant(spec, why)
+        loaded = load_causal_lm(config.target, device=device)
+        assistant = None
+        if draft_tokens > 0:
+            same_as_target = spec == config.target
+            assistant = (
+                loaded.model if same_as_target else load_causal_lm(spec, device=device).model
+            )
+        return cls(
+            loaded.model,
+            tokenizer,
+            max_context=config.max_context,
+            num_threads=num_threads,
+            assistant=assistant,
+            assistant_tokenizer=assistant_tokenizer,
+            speculative_tokens=draft_tokens or 4,
+        )
 
     @staticmethod
     def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -469,41 +599,94 @@ class TransformersTarget(TargetBackend):
             ids.add(int(tokenizer.eos_token_id))
         return frozenset(int(i) for i in ids)
 
+    @staticmethod
+    def _full_attention(model: Any, role: str) -> bool:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        probe = DynamicCache(config=model.config)
+        full = all(type(layer) is DynamicLayer for layer in probe.layers)
+        if not full:
+            log.info("%s cache is not plain full attention: prefix snapshots are off", role)
+        return full
+
+    def _check_assistant(self, assistant: Any, assistant_tokenizer: Any | None) -> None:
+        """Refuse an assistant that cannot draft for this target (at startup, not mid-answer)."""
+        from transformers import DynamicCache
+
+        if not 1 <= self.speculative_tokens <= 16:
+            raise ConfigError(
+                "speculative_tokens", self.speculative_tokens, "1..16 draft tokens per step"
+            )
+        name = str(getattr(assistant, "name_or_path", "") or type(assistant).__name__)
+        why = None
+        if assistant_tokenizer is not None:
+            why = vocabulary_mismatch(self.tokenizer, assistant_tokenizer)
+        rows = int(assistant.get_input_embeddings().weight.shape[0])
+        if why is None and rows < len(self.tokenizer):
+            why = (
+                f"the drafter's embedding has {rows} rows, "
+                f"the target's tokenizer {len(self.tokenizer)} tokens"
+            )
+        if why:
+            raise _refuse_assistant(name, why)
+        for role, model in (("target", self.model), ("drafter", assistant)):
+            if not DynamicCache(config=model.config).is_croppable:
+                raise _refuse_assistant(
+                    name, f"the {role}'s KV cache cannot be rolled back (crop) after a rejection"
+                )
+
     async def aclose(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ stages (worker thread)
 
-    def _prefill(
-        self, prompt_ids: list[int], snapshot_cut: int, params: SamplingParams
-    ) -> _Decoding:
-        """Reuse the longest cached prefix, run the rest, store the prompt's snapshot."""
+    def _prefill_cache(
+        self, model: Any, snapshots: PrefixSnapshots, ids: torch.Tensor, snapshot_cut: int
+    ) -> tuple[Any, torch.Tensor, int]:
+        """Run `ids` [S] through `model` from the longest cached prefix; store `ids[:cut]`.
+
+        Returns (the cache over all S tokens, the next-token logits [V], tokens reused).
+        """
         import torch
         from transformers import DynamicCache
 
-        t0 = time.perf_counter()
-        ids = torch.tensor(prompt_ids, dtype=torch.long)  # [S]
-        reused, snap = self.snapshots.lookup(ids)
-        reused = min(reused, len(prompt_ids) - 1)  # the last token must run to give logits
+        reused, snap = snapshots.lookup(ids)
+        reused = min(reused, ids.numel() - 1)  # the last token must run to give logits
         if snap is not None and reused > 0:
             cache = DynamicCache(
                 ddp_cache_data=[(k[:, :, :reused], v[:, :, :reused]) for k, v in snap.layers],
-                config=self.model.config,
+                config=model.config,
             )
         else:
-            reused, cache = 0, DynamicCache(config=self.model.config)
-        rest = ids[reused:].to(self.device).unsqueeze(0)  # [1, S - reused]
+            reused, cache = 0, DynamicCache(config=model.config)
+        rest = ids[reused:].to(model.device).unsqueeze(0)  # [1, S - reused]
         with torch.inference_mode():
             for begin in range(0, rest.shape[1], self.prefill_chunk):
                 chunk = rest[:, begin : begin + self.prefill_chunk]
-                out = self.model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[0, -1]  # [V]
-        if snapshot_cut > 0 and self.snapshots.capacity > 0:
+                out = model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1)
+        if snapshot_cut > 0 and snapshots.capacity > 0:
             layers = [
                 (k[:, :, :snapshot_cut].clone(), v[:, :, :snapshot_cut].clone())
                 for k, v, *_ in cache
             ]
-            self.snapshots.store(ids[:snapshot_cut].clone(), layers)
+            snapshots.store(ids[:snapshot_cut].clone(), layers)
+        return cache, out.logits[0, -1], reused
+
+    def _prefill(
+        self, prompt_ids: list[int], snapshot_cut: int, params: SamplingParams, speculate: bool
+    ) -> _Decoding:
+        """Prefill the target (and, when speculating, the assistant) from cached prefixes."""
+        import torch
+
+        t0 = time.perf_counter()
+        ids = torch.tensor(prompt_ids, dtype=torch.long)  # [S]
+        cache, logits, reused = self._prefill_cache(self.model, self.snapshots, ids, snapshot_cut)
+        draft_cache = None
+        if speculate:
+            draft_cache, _, _ = self._prefill_cache(
+                self.assistant, self.draft_snapshots, ids, snapshot_cut
+            )
         generator = None
         if not params.greedy:
             generator = torch.Generator(device=self.device)
@@ -511,7 +694,18 @@ class TransformersTarget(TargetBackend):
                 params.seed if params.seed is not None else random.getrandbits(63)
             )
         prompt_ms = (time.perf_counter() - t0) * 1000
-        return _Decoding(cache, logits, generator, reused, prompt_ms, params)
+        return _Decoding(
+            cache, logits, generator, reused, prompt_ms, params, list(prompt_ids), draft_cache
+        )
+
+    def _decode_step(self, state: _Decoding, prev: int | None, room: int) -> list[int]:
+        """The next 1..`room` answer tokens: speculatively when the request drafts, else one."""
+        k = 0
+        if state.draft_cache is not None and prev is not None:
+            k = min(self.speculative_tokens, room - 1, self._assistant_context - len(state.tokens))
+        tokens = self._speculate(state, k) if k > 0 else [self._decode_one_token(state, prev)]
+        state.tokens.extend(tokens)
+        return tokens
 
     def _decode_one_token(self, state: _Decoding, prev: int | None) -> int:
         """Feed the previous token (if any) and sample the next one."""
@@ -523,6 +717,49 @@ class TransformersTarget(TargetBackend):
                 out = self.model(input_ids=token, cache=state.cache, use_cache=True)
             state.logits = out.logits[0, -1]
         return sample_token(state.logits, state.params, state.generator)
+
+    def _draft(self, state: _Decoding, k: int) -> list[int]:
+        """The assistant's `k` greedy tokens after `state.tokens`; its cache first catches up
+        on the committed tokens it has not seen (the last one, or two after a full accept)."""
+        import torch
+
+        device = self.assistant.device
+        seen = state.draft_cache.get_seq_length()
+        feed = torch.tensor([state.tokens[seen:]], dtype=torch.long, device=device)  # [1, n]
+        drafts: list[int] = []
+        with torch.inference_mode():
+            for _ in range(k):
+                out = self.assistant(
+                    input_ids=feed, cache=state.draft_cache, use_cache=True, logits_to_keep=1
+                )
+                drafts.append(int(torch.argmax(out.logits[0, -1, : self.vocab_size])))
+                feed = torch.tensor([[drafts[-1]]], dtype=torch.long, device=device)  # [1, 1]
+        return drafts
+
+    def _speculate(self, state: _Decoding, k: int) -> list[int]:
+        """One speculative greedy step: draft `k` tokens, verify them in one target forward,
+        keep the agreeing prefix plus the target's next token, crop both caches to it."""
+        import torch
+
+        committed = len(state.tokens)  # the last one (prev) is not in the target cache yet
+        drafts = self._draft(state, k)
+        with torch.inference_mode():
+            block = torch.tensor(
+                [[state.tokens[-1], *drafts]], dtype=torch.long, device=self.device
+            )  # [1, k + 1]
+            out = self.model(input_ids=block, cache=state.cache, use_cache=True)
+        verified = out.logits[0].argmax(dim=-1).tolist()  # [k + 1] the target's greedy tokens
+        accepted = accept_drafts(drafts, verified)
+        n = len(accepted) - 1
+        keep = committed + n  # prev and the n accepted drafts
+        for cache in (state.cache, state.draft_cache):
+            excess = cache.get_seq_length() - keep
+            if excess > 0:
+                cache.crop(-excess)
+        state.logits = out.logits[0, n]
+        state.proposed += k
+        state.accepted += n
+        return accepted
 
     # ------------------------------------------------------------------ the contract
 
@@ -551,10 +788,18 @@ class TransformersTarget(TargetBackend):
         prompt_ids = [int(t) for t in prompt_ids]
         cut = self._check_prompt(prompt_ids, snapshot_cut)
         budget = max_new_tokens(len(prompt_ids), params, self.max_context)
+        speculate = (
+            self.assistant is not None
+            and params.greedy
+            and budget > 1
+            and len(prompt_ids) < self._assistant_context
+        )
         loop = asyncio.get_running_loop()
         decoder = StreamingDecoder(self.tokenizer, params.stop, context=prompt_ids)
         try:
-            state = await loop.run_in_executor(self._worker, self._prefill, prompt_ids, cut, params)
+            state = await loop.run_in_executor(
+                self._worker, self._prefill, prompt_ids, cut, params, speculate
+            )
         except PFlashError:
             raise
         except Exception as exc:
@@ -565,24 +810,29 @@ class TransformersTarget(TargetBackend):
         predicted, prev = 0, None
         while predicted < budget:
             try:
-                token = await loop.run_in_executor(
-                    self._worker, self._decode_one_token, state, prev
+                tokens = await loop.run_in_executor(
+                    self._worker, self._decode_step, state, prev, budget - predicted
                 )
             except Exception as exc:
                 raise GenerationFailed(f"decode: {type(exc).__name__}: {exc}") from exc
-            predicted += 1
-            if token in self.eos_ids:
-                finish = "stop"
-                break
-            pending.append(token)
-            text = decoder.push(token)
+            text, ended = "", False
+            for token in tokens:
+                predicted += 1
+                if token in self.eos_ids:
+                    ended = True
+                    break
+                pending.append(token)
+                text += decoder.push(token)
+                if decoder.stopped:
+                    ended = True
+                    break
             if text:
                 yield TokenDelta(text, tuple(pending))
                 pending = []
-            if decoder.stopped:
+            if ended:
                 finish = "stop"
                 break
-            prev = token
+            prev = tokens[-1]
         tail = decoder.finish()
         if tail:
             yield TokenDelta(tail, tuple(pending))
@@ -593,7 +843,7 @@ class TransformersTarget(TargetBackend):
             predicted_ms=(time.perf_counter() - t_decode) * 1000,
             cache_n=state.cache_n,
         )
-        yield GenerationDone(finish, timings)
+        yield GenerationDone(finish, timings, state.accept_rate)
 
 
 # ---------------------------------------------------------------------- OpenAI upstream
