@@ -1,15 +1,19 @@
 """Start the real application the way an operator does (used by the integration tests and
-the HTTP benchmarks): a local Ray head with a pinned
-metrics port (`ray start --head --block`), then `serve run --address ... CONFIG`.
+the HTTP benchmarks): a local Ray head with pinned ports (`ray start --head`), then
+`serve run --address ... CONFIG`.
 
-Everything runs in its own process group and is stopped with SIGTERM (a backgrounded
-`serve run` ignores SIGINT), then SIGKILL after a bound. The stale
-/tmp/ray/ray_current_cluster file a stopped head leaves behind is removed when it names
-this cluster, so the next plain `ray.init()` does not try to join a dead cluster.
+Cleanup must leave nothing behind, or a later test or benchmark shares the 2 CPUs with a
+dead run's replicas: the head's daemons stay in `ray start`'s process group, Ray workers
+run in their own groups under the raylet, and a backgrounded `serve run` ignores SIGINT.
+So every process is started in its own session, worker ids are collected before the raylet
+goes, groups get SIGTERM then SIGKILL after a grace period, and surviving workers are
+killed. Ray's files go to a private `--temp-dir`, so no `/tmp/ray/ray_current_cluster` from
+this run can mislead a later plain `ray.init()`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -36,8 +40,76 @@ def free_port(avoid: range = range(10002, 20000)) -> int:
     raise RuntimeError("no free port")
 
 
+# ------------------------------------------------------------------ process bookkeeping
+
+
+def _parents() -> dict[int, int]:
+    out: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            out[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def descendants(roots: set[int]) -> set[int]:
+    """Live processes whose parent chain reaches `roots` (Ray workers are raylet children)."""
+    parent = _parents()
+    found, frontier = set(), set(roots)
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+
+def group_members(pgid: int) -> set[int]:
+    """Live (non-zombie) processes in process group `pgid`."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                out.add(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the process group `proc` leads, SIGKILL whatever is left after `grace_s`."""
+    pgid = proc.pid
+    proc.poll()  # reap the leader if it is done: a zombie would still count as a member
+    if group_members(pgid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            proc.poll()
+            if not group_members(pgid):
+                break
+            time.sleep(0.2)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
+
+
+# ------------------------------------------------------------------ the cluster
 
 
 class ServeCluster:
@@ -45,25 +117,31 @@ class ServeCluster:
 
     def __init__(self, config: Path, workdir: Path, *, metrics_report_ms: int = 1000):
         self.config = config
-        self.workdir = workdir
-        self.gcs_port = free_port()
-        self.metrics_port = free_port()
+        self.workdir = Path(workdir)
+        names = ("gcs", "metrics", "agent", "grpc", "env", "dash")
+        self.ports = {name: free_port() for name in names}
+        self.metrics_port = self.ports["metrics"]
         self.env = {
             **os.environ,
             "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_metrics_report_interval_ms": str(metrics_report_ms),
             "PYTHONPATH": str(ROOT),
             "TOKENIZERS_PARALLELISM": "false",
         }
         self.env.pop("RAY_ADDRESS", None)
-        self.procs: list[subprocess.Popen] = []
-        self.log_path = workdir / "serve.log"
+        self.procs: list[tuple[subprocess.Popen, float]] = []
+        self.ray_roots: set[int] = set()
+        self.log_path = self.workdir / "serve.log"
+        self._logs: list = []
 
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
-    def _spawn(self, args: list[str], log) -> subprocess.Popen:
+    def _spawn(self, args: list[str], log_name: str, grace_s: float) -> subprocess.Popen:
+        log = open(self.workdir / log_name, "w")
+        self._logs.append(log)
         proc = subprocess.Popen(
             args,
             cwd=ROOT,
@@ -72,68 +150,74 @@ class ServeCluster:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.procs.append(proc)
+        self.procs.append((proc, grace_s))
         return proc
+
+    def _tails(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text()[-3000:]}"
+            for p in sorted(self.workdir.glob("*.log"))
+            if p.is_file()
+        )
 
     def start(self, ready_url: str, ready_body: dict, timeout_s: float = 300.0) -> None:
         # a SIGTERM to the caller must still run its `finally: cluster.stop()`
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
-        log = open(self.log_path, "w")
-        self._spawn(
+        deadline = time.monotonic() + timeout_s
+        temp = Path(f"/tmp/pfl{os.getpid()}-{self.ports['gcs']}")  # short: Ray socket paths
+        p = self.ports
+        ray_start = self._spawn(
             [
                 str(BIN / "ray"),
                 "start",
                 "--head",
-                "--block",
-                f"--port={self.gcs_port}",
                 "--num-cpus=2",
-                f"--metrics-export-port={self.metrics_port}",
+                f"--port={p['gcs']}",
+                f"--metrics-export-port={p['metrics']}",
+                f"--dashboard-agent-listen-port={p['agent']}",
+                f"--dashboard-agent-grpc-port={p['grpc']}",
+                f"--runtime-env-agent-port={p['env']}",
+                f"--dashboard-port={p['dash']}",
                 "--include-dashboard=false",
                 "--disable-usage-stats",
+                f"--temp-dir={temp}",
             ],
-            log,
+            "ray_start.log",
+            5.0,
         )
-        time.sleep(4)
+        while ray_start.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)  # `ray start` returns once the head is up
+        if ray_start.returncode != 0:
+            tails = self._tails()
+            self.stop()
+            raise RuntimeError(f"ray start failed:\n{tails}")
+        self.ray_roots = group_members(ray_start.pid)  # its daemons stay in its group
         serve = self._spawn(
-            [str(BIN / "serve"), "run", f"--address=127.0.0.1:{self.gcs_port}", str(self.config)],
-            log,
+            [str(BIN / "serve"), "run", f"--address=127.0.0.1:{p['gcs']}", str(self.config)],
+            "serve.log",
+            10.0,
         )
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            if serve.poll() is not None:
-                break
+        while time.monotonic() < deadline and serve.poll() is None:
             try:
-                r = httpx.post(ready_url, json=ready_body, timeout=30)
-                if r.status_code == 200:
+                if httpx.post(ready_url, json=ready_body, timeout=30).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(2)
-        tail = self.log_path.read_text()[-5000:]
+        tails = self._tails()
         self.stop()
-        raise RuntimeError(f"the Serve app did not come up within {timeout_s:.0f} s:\n{tail}")
+        raise RuntimeError(f"the Serve app did not come up within {timeout_s:.0f} s:\n{tails}")
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.time() + 30
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=max(1.0, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        marker = Path("/tmp/ray/ray_current_cluster")
-        try:
-            if str(self.gcs_port) in marker.read_text():
-                marker.unlink()
-        except OSError:
-            pass
+        workers = descendants(self.ray_roots)
+        for proc, grace_s in reversed(self.procs):
+            stop_group(proc, grace_s)
+        for pid in workers:
+            if alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for log in self._logs:
+            log.close()
         self.procs.clear()
+        self._logs.clear()

@@ -94,7 +94,7 @@ def build_config(work: Path, port: int, keep: float) -> Path:
     base = cfg["applications"][0]
     base["args"].update(threshold=1_000_000, keep_ratio=keep)
     for dep in base["deployments"]:
-        dep["ray_actor_options"]["num_cpus"] = 0.3
+        dep["ray_actor_options"]["num_cpus"] = 0.2  # 9 replicas must fit on 2 CPUs
     apps = []
     for name, extra in (
         ("views", {}),

@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
+from pflash.bench.launch import alive, descendants, free_port, group_members, stop_group
 
 pytestmark = pytest.mark.integration
 
@@ -57,68 +58,6 @@ def _manifest_checks():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _descendants(roots: set[int]) -> set[int]:
-    """Live processes whose parent chain reaches `roots` (Ray workers are raylet children)."""
-    parent: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parent[int(stat.parent.name)] = int(fields[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    found, frontier = set(), set(roots)
-    while frontier:
-        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - found
-        found |= frontier
-    return found
-
-
-def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM the process group `proc` leads, SIGKILL whatever is left after `grace_s`."""
-    pgid = proc.pid
-    proc.poll()  # reap the leader if it is done: a zombie would still count as a member
-    if _group_members(pgid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            proc.poll()
-            if not _group_members(pgid):
-                break
-            time.sleep(0.2)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def _group_members(pgid: int) -> set[int]:
-    out = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.add(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
 
 
 @dataclass
@@ -159,7 +98,7 @@ def stack():
     deadline = time.monotonic() + BUDGET_S
     work = Path(tempfile.mkdtemp(prefix="pfp", dir="/tmp"))  # short: Ray socket paths
     names = ("gcs", "metrics", "serve", "prom", "agent", "grpc", "env", "dash")
-    ports = {name: _free_port() for name in names}
+    ports = {name: free_port() for name in names}
     env = {
         **os.environ,
         "RAY_AUTH_MODE": "disabled",
@@ -235,7 +174,7 @@ def stack():
         # `ray start` returns once the head is up; its daemons stay in its process group.
         _wait("ray start", lambda: ray_start.poll() is not None, deadline, logs)
         assert ray_start.returncode == 0, logs[1].read_text()[-3000:]
-        ray_root_pids = _group_members(ray_start.pid)
+        ray_root_pids = group_members(ray_start.pid)
         spawn(
             [
                 str(BIN / "serve"),
@@ -257,11 +196,11 @@ def stack():
     finally:
         # Ray workers run in their own process groups under the raylet: note their ids
         # before the raylet goes, and kill any that outlive it.
-        workers = _descendants(ray_root_pids)
+        workers = descendants(ray_root_pids)
         for proc, grace_s in reversed(procs):
-            _stop_group(proc, grace_s)
+            stop_group(proc, grace_s)
         for pid in workers:
-            if _alive(pid):
+            if alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         for f in log_files:

@@ -636,25 +636,10 @@ def test_same_request_again_is_a_byte_identical_repeat_on_any_ingress_replica(se
     assert len(replicas) == 2, "all 11 requests landed on one of two ingress replicas"
 
 
-def test_large_paste_is_compressed_into_the_view(server, conversation):
-    # runs before the agent-step test: a conversation keeps one view, and the agent step
-    # (a different continuation of turn 3) replaces it
-    last = conversation[-1]
-    paste = Path("/usr/share/common-licenses/Apache-2.0").read_text()[:9000]
-    answer = {"role": "assistant", "content": last["body"]["choices"][0]["message"]["content"]}
-    question = paste + "\n\nWhat does this licence say about trademarks?"
-    messages = last["messages"] + [answer, {"role": "user", "content": question}]
-    with httpx.Client(base_url=server, timeout=600) as http:
-        body, stats, served, _ = _turn(http, messages, max_tokens=4)
-    assert stats["view"]["mode"] == "continue-compressed"
-    new_tokens = body["usage"]["prompt_tokens"] - conversation[-1]["body"]["usage"]["prompt_tokens"]
-    assert stats["view"]["delta_tokens"] < 0.5 * new_tokens
-    assert served.endswith(
-        "What does this licence say about trademarks?<|im_end|>\n<|im_start|>assistant\n"
-    )
-
-
-def test_agent_step_appends_verbatim_without_running_the_drafter(server, conversation):
+def test_agent_step_then_a_large_paste_extend_the_same_view(server, conversation):
+    """Turn 3 → an agent step (assistant tool call + tool output, appended verbatim, no
+    drafter) → the answer → a large paste (compressed into the view). One conversation keeps
+    one view, so the steps run in order in one test."""
     last = conversation[-1]
     call = {
         "id": "call_1",
@@ -665,13 +650,27 @@ def test_agent_step_appends_verbatim_without_running_the_drafter(server, convers
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "Room 12 is on the third floor."},
     ]
-    with httpx.Client(base_url=server, timeout=300) as http:
-        _, stats, served, _ = _turn(http, messages, max_tokens=4)
-    assert stats["view"]["mode"] == "continue"
-    assert stats["scorer_new_tokens"] == 0 and stats["compress_ms"] == 0
-    assert "Room 12 is on the third floor." in served
-    cut = last["served"].rindex("<|im_start|>assistant\n")
-    assert served[:cut] == last["served"][:cut]
+    with httpx.Client(base_url=server, timeout=600) as http:
+        body, stats, served, _ = _turn(http, messages, max_tokens=4)
+        assert stats["view"]["mode"] == "continue"
+        assert stats["scorer_new_tokens"] == 0 and stats["compress_ms"] == 0
+        assert "Room 12 is on the third floor." in served
+        cut = last["served"].rindex("<|im_start|>assistant\n")
+        assert served[:cut] == last["served"][:cut]
+
+        answer = {"role": "assistant", "content": body["choices"][0]["message"]["content"]}
+        paste = Path("/usr/share/common-licenses/Apache-2.0").read_text()[:9000]
+        question = paste + "\n\nWhat does this licence say about trademarks?"
+        before = body["usage"]["prompt_tokens"]
+        messages = messages + [answer, {"role": "user", "content": question}]
+        body, stats, pasted, _ = _turn(http, messages, max_tokens=4)
+    assert stats["view"]["mode"] == "continue-compressed"
+    assert stats["view"]["delta_tokens"] < 0.5 * (body["usage"]["prompt_tokens"] - before)
+    assert pasted.endswith(
+        "What does this licence say about trademarks?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    cut = served.rindex("<|im_start|>assistant\n")
+    assert pasted[:cut] == served[:cut]
 
 
 def test_views_of_one_api_key_are_never_used_for_another(server, conversation):
