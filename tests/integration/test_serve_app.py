@@ -541,7 +541,13 @@ def _fact_document() -> str:
     return "\n\n".join(paras)
 
 
-def _turn(http: httpx.Client, messages: list[dict], key: str = KEY, max_tokens: int = 24):
+def _turn(
+    http: httpx.Client,
+    messages: list[dict],
+    key: str = KEY,
+    max_tokens: int = 24,
+    keep: float = 0.1,
+):
     r = http.post(
         "/v1/chat/completions",
         json={
@@ -549,7 +555,7 @@ def _turn(http: httpx.Client, messages: list[dict], key: str = KEY, max_tokens: 
             "max_tokens": max_tokens,
             "temperature": 0,
             "pflash_mode": "always",
-            "pflash_keep_ratio": 0.1,
+            "pflash_keep_ratio": keep,
             "pflash_return_prompt": True,
         },
         headers={"Authorization": f"Bearer {key}"},
@@ -636,10 +642,11 @@ def test_same_request_again_is_a_byte_identical_repeat_on_any_ingress_replica(se
     assert len(replicas) == 2, "all 11 requests landed on one of two ingress replicas"
 
 
-def test_agent_step_then_a_large_paste_extend_the_same_view(server, conversation):
+def test_agent_step_paste_and_rebuild_in_one_conversation(server, conversation):
     """Turn 3 → an agent step (assistant tool call + tool output, appended verbatim, no
-    drafter) → the answer → a large paste (compressed into the view). One conversation keeps
-    one view, so the steps run in order in one test."""
+    drafter) → the answer → a large paste (compressed into the view) → a mid-size paste
+    appended verbatim that makes the view more than twice a fresh compression (rebuild).
+    One conversation keeps one view, so the steps run in order in one test."""
     last = conversation[-1]
     call = {
         "id": "call_1",
@@ -671,6 +678,21 @@ def test_agent_step_then_a_large_paste_extend_the_same_view(server, conversation
     )
     cut = served.rindex("<|im_start|>assistant\n")
     assert pasted[:cut] == served[:cut]
+
+    # under chat_compress_new_tokens (1000): appended verbatim, so the view (~1.8K tokens)
+    # outgrows twice a fresh compression at keep 0.03
+    answer = {"role": "assistant", "content": body["choices"][0]["message"]["content"]}
+    notes = Path("/usr/share/common-licenses/GPL-2").read_text()[2000:5600]
+    messages = messages + [answer, {"role": "user", "content": notes + "\n\nAnything odd here?"}]
+    with httpx.Client(base_url=server, timeout=600) as http:
+        _, stats, rebuilt, _ = _turn(http, messages, max_tokens=4, keep=0.03)
+    assert stats["view"]["mode"] == "rebuild", stats["view"]
+    assert (
+        stats["view"]["served_tokens"]
+        == stats["view"]["fresh_tokens"]
+        == stats["compressed_tokens"]
+    )
+    assert len(rebuilt) < len(pasted)
 
 
 def test_views_of_one_api_key_are_never_used_for_another(server, conversation):
