@@ -15,9 +15,12 @@ from ray.serve.config import DeploymentActorConfig
 
 from deployments.drafter import DrafterScorerDeployment
 from deployments.ingress import Ingress
+from deployments.probe import SegmentProbeDeployment
 from deployments.session_store import STORE_NAME, SessionStoreActor
 from deployments.target import TargetModelDeployment
 from pflash.config import build_config
+from pflash.errors import ModelUnavailable
+from pflash.models.probe import resolve_probe_path
 from pflash.models.source import resolve_source
 
 
@@ -28,6 +31,12 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         resolve_source(config.target)
     data = config.model_dump(mode="json", exclude_defaults=True)
     drafter = DrafterScorerDeployment.bind(data)
+    probe = None
+    if config.segment_probe_gguf and config.select_segments != "fixed":
+        path = resolve_probe_path(config.segment_probe_gguf, config.drafter)
+        if not path.is_file():
+            raise ModelUnavailable(f"segment probe {path} not found (segment_probe_gguf)")
+        probe = SegmentProbeDeployment.bind(data)
     target = TargetModelDeployment.bind(data)
     store = DeploymentActorConfig(
         name=STORE_NAME,
@@ -35,4 +44,4 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         init_kwargs={"config": data},
         actor_options={"num_cpus": 0},
     )
-    return Ingress.options(deployment_actors=[store]).bind(data, drafter, target)
+    return Ingress.options(deployment_actors=[store]).bind(data, drafter, target, probe)

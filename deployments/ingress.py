@@ -116,7 +116,13 @@ def _too_large(limit: int) -> PFlashError:
 @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64)
 @serve.ingress(app)
 class Ingress:
-    def __init__(self, config: dict[str, Any], drafter: DeploymentHandle, target: DeploymentHandle):
+    def __init__(
+        self,
+        config: dict[str, Any],
+        drafter: DeploymentHandle,
+        target: DeploymentHandle,
+        probe: DeploymentHandle | None = None,
+    ):
         self._base = dict(config)
         self.config: PFlashConfig = build_config(self._base)
         self.target_tokenizer = load_tokenizer(self.config.target_tokenizer or self.config.target)
@@ -125,6 +131,8 @@ class Ingress:
         )
         self.drafter = drafter
         self.target = target
+        self.probe = probe  # SegmentProbe, when a probe is configured
+        self.probe_params = None  # its cut parameters, fetched on first use
         self.metrics = ServeMetrics()
         self.trace = TraceWriter(self.config.trace_path)
         self._max_context: int | None = self.config.max_context
@@ -352,8 +360,24 @@ class Ingress:
             self.metrics.record("pflash_bypasses", reason=prepared.reason)
             return uncompressed(prepared)
         try:
-            scores = await self.drafter.options(session_id=key).score.remote(prepared.score_request)
-            result = await asyncio.to_thread(finish, prepared, scores, trace=self.trace, **kw)
+            response = self.drafter.options(session_id=key).score.remote(prepared.score_request)
+            boundary = subunit = None
+            if self.probe is not None and prepared.score_request.want_tap:
+                if self.probe_params is None:
+                    self.probe_params = await self.probe.params.remote()
+                # the drafter's response goes straight in: the tap travels as an object ref
+                boundary, subunit = await self.probe.segment.remote(response)
+            scores = await response
+            result = await asyncio.to_thread(
+                finish,
+                prepared,
+                scores,
+                trace=self.trace,
+                boundary=boundary,
+                subunit=subunit,
+                probe_params=self.probe_params,
+                **kw,
+            )
         except Exception as exc:
             err = unwrap_remote_error(exc)
             stage = err.stage if isinstance(err, CompressionFailed) else "drafter"

@@ -52,12 +52,51 @@ def _add_compress(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help='print one {"prompt", "stats"} object')
 
 
+def _add_probe(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("probe", help="segment probe: train it for a drafter")
+    actions = p.add_subparsers(dest="probe_command", required=True)
+    train = actions.add_parser(
+        "train",
+        help="train the segment probe on the drafter's tap (stdlib sources, licenses) and "
+        "write its GGUF",
+    )
+    from pflash.probe_train import add_arguments
+
+    add_arguments(train)
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from pflash.bench.suite import add_arguments
+
+    add_arguments(sub)
+
+
+def _add_trace(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trace", help="inspect JSONL traces")
+    tsub = p.add_subparsers(dest="trace_command", required=True)
+    view = tsub.add_parser(
+        "view", help="one self-contained HTML page per traced request (kept/dropped, scores)"
+    )
+    view.add_argument("trace", help="a selection (trace_path) or view (view_trace_path) JSONL")
+    view.add_argument(
+        "-o", "--output", required=True, help="page.html (several records: page-N.html)"
+    )
+    view.add_argument("--record", type=int, default=None, help="only record N (1-based)")
+    view.add_argument(
+        "--tokenizer", default=None, help="drafter tokenizer source (default: the embedded model)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pflash", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_plan(sub)
     _add_compress(sub)
+    _add_probe(sub)
+    _add_bench(sub)
+    _add_trace(sub)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "plan":
         from pflash.plan_cli import run_plan
 
@@ -66,6 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         from pflash.compress_cli import run_compress
 
         return run_compress(args)
+    if args.command == "probe" and args.probe_command == "train":
+        from pflash.probe_train import run_train
+
+        return run_train(args)
+    if args.command == "bench":
+        from pflash.bench.suite import run_bench
+
+        return run_bench(args)
+    if args.command == "trace":
+        from pflash.trace_view import run_trace_view
+
+        return run_trace_view(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -164,6 +164,16 @@ def compress_request(
         pflash_required=request.pflash_required,
     )
     scorer = DrafterScorer(config, load_drafter(config.drafter))
+    probe = None
+    if config.segment_probe_gguf and config.select_segments != "fixed":
+        from pflash.models.probe import (
+            load_segment_probe,
+            resolve_probe_path,
+            scorer_probe_identity,
+        )
+
+        path = resolve_probe_path(config.segment_probe_gguf, config.drafter)
+        probe = load_segment_probe(path, scorer_probe_identity(scorer))
     trace = TraceWriter(config.trace_path) if config.trace_path else None
     try:
         result = compress(
@@ -172,6 +182,8 @@ def compress_request(
             target_tokenizer=target_tokenizer,
             drafter_tokenizer=drafter_tokenizer,
             scorer=scorer,
+            probe=probe,
+            probe_params=probe.params if probe is not None else None,
             trace=trace,
         )
     finally:

@@ -225,7 +225,8 @@ class PFlashConfig(BaseModel):
         None, description="Trained scoring head GGUF bound to the drafter file by sha256."
     )
     segment_probe_gguf: str | None = Field(
-        None, description="Segment probe GGUF bound to the drafter file by sha256."
+        None,
+        description="Segment probe GGUF bound to the drafter file by sha256; `embedded` = the probe shipped for embedded:smollm2-135m (pflash probe train reproduces it).",
     )
     target: str = Field(
         EMBEDDED_SMOLLM2,
@@ -315,6 +316,10 @@ class PFlashConfig(BaseModel):
         if self.scoring_head_gguf and self.select_mode == "legacy":
             raise ValueError(
                 "scoring_head_gguf: a trained scoring head needs strict selection (select_mode not legacy)"
+            )
+        if self.segment_probe_gguf == "embedded" and self.drafter != EMBEDDED_SMOLLM2:
+            raise ValueError(
+                f"segment_probe_gguf: 'embedded' is the probe for {EMBEDDED_SMOLLM2}; give a probe GGUF trained for this drafter (pflash probe train)"
             )
         if self.adaptive_min > self.adaptive_max:
             raise ValueError("adaptive_min: must not exceed adaptive_max")

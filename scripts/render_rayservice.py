@@ -8,7 +8,8 @@ block is replaced (as text, so the manifest's comments survive).
     python scripts/render_rayservice.py           # rewrite k8s/rayservice.yaml
     python scripts/render_rayservice.py --check   # exit 1 (with a diff) if it has drifted
 
-Merge rules: JSON merge patch (RFC 7386): mappings merge, `null` deletes a key, and
+Merge rules: JSON merge patch (RFC 7386): mappings merge, `null` deletes a key
+(a named list item `{name: X, delete: true}` drops X), and
 anything else replaces. The one difference: `applications` and `deployments` lists are
 matched by `name`, and a name the base does not have is an error.
 """
@@ -55,12 +56,16 @@ def _merge_named(base: list[dict], patch: list[dict], where: str) -> list[dict]:
         raise ValueError(
             f"{where}: {', '.join(map(repr, unknown))} not in serve_config.yaml (known: {known})"
         )
-    return [
-        merge_config(item, by_name[item["name"]], f"{where}[{item['name']}]")
-        if item["name"] in by_name
-        else copy.deepcopy(item)
-        for item in base
-    ]
+    out = []
+    for item in base:
+        patch_item = by_name.get(item["name"])
+        if patch_item is None:
+            out.append(copy.deepcopy(item))
+        elif patch_item.get("delete") is True:  # `{name: X, delete: true}` drops X
+            continue
+        else:
+            out.append(merge_config(item, patch_item, f"{where}[{item['name']}]"))
+    return out
 
 
 def render_serve_config(base: dict, overlay: dict) -> str:

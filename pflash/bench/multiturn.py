@@ -94,7 +94,8 @@ def build_config(work: Path, port: int, keep: float) -> Path:
     base = cfg["applications"][0]
     base["args"].update(threshold=1_000_000, keep_ratio=keep)
     for dep in base["deployments"]:
-        dep["ray_actor_options"]["num_cpus"] = 0.2  # 9 replicas must fit on 2 CPUs
+        # 3 apps must fit on 2 CPUs
+        dep["ray_actor_options"]["num_cpus"] = 0.05 if dep["name"] == "SegmentProbe" else 0.2
     apps = []
     for name, extra in (
         ("views", {}),

@@ -500,6 +500,11 @@ def test_manifest_serve_config_is_serve_config_yaml_plus_exactly_the_overlay():
     overlay = yaml.safe_load((K8S / "overlay.yaml").read_text())
     rendered = serve_config_v2(rayservice())
     base_l, overlay_l, rendered_l = leaves(base), leaves(overlay), leaves(rendered)
+    # `{name: X, delete: true}` in the overlay drops deployment X: its whole subtree is touched
+    deleted = {p[:-1] for p, v in overlay_l.items() if p[-1] == "delete" and v is True}
+    overlay_l = {p: v for p, v in overlay_l.items() if p[:-1] not in deleted} | dict.fromkeys(
+        deleted
+    )
 
     def touched(path: tuple) -> bool:
         return any(path[: len(p)] == p for p in overlay_l)
@@ -512,7 +517,10 @@ def test_manifest_serve_config_is_serve_config_yaml_plus_exactly_the_overlay():
     assert {p: v for p, v in rendered_l.items() if touched(p)} == {
         p: v for p, v in overlay_l.items() if v is not None
     }
-    base_order = [d["name"] for d in base["applications"][0]["deployments"]]
+    gone = {p[-1] for p in deleted}
+    base_order = [
+        d["name"] for d in base["applications"][0]["deployments"] if d["name"] not in gone
+    ]
     assert [d["name"] for d in rendered["applications"][0]["deployments"]] == base_order
 
 

@@ -1,0 +1,53 @@
+"""SegmentProbe deployment: unit boundaries from the drafter's tap (§4.7).
+
+Its own deployment so the probe can be swapped, scaled or turned off without touching the
+drafter. It never holds the drafter: the probe is bound to the drafter *file* (sha256,
+tap, family), which is checked at startup from the file alone. The ingress passes the
+drafter's response straight in as a top-level argument, so the tap [S, hidden] travels
+as an object ref and never through the ingress.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from deployments.resources import apply_thread_limits
+from pflash.config import build_config
+from pflash.scoring import ScoreResult
+from pflash.segments import ProbeParams
+
+log = logging.getLogger("ray.serve")
+
+
+@serve.deployment(name="SegmentProbe", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=4)
+class SegmentProbeDeployment:
+    def __init__(self, config: dict[str, Any]):
+        from pflash.models.probe import (
+            drafter_probe_identity,
+            load_segment_probe,
+            resolve_probe_path,
+        )
+
+        apply_thread_limits()
+        cfg = build_config(dict(config))
+        path = resolve_probe_path(cfg.segment_probe_gguf, cfg.drafter)
+        self.probe = load_segment_probe(path, drafter_probe_identity(cfg))
+        log.info(
+            "SegmentProbe ready: %s (threshold %.3f, min %d, max %d)",
+            path,
+            self.probe.params.threshold,
+            self.probe.params.min_segment,
+            self.probe.params.max_segment,
+        )
+
+    def segment(self, scores: ScoreResult) -> tuple[np.ndarray, np.ndarray | None]:
+        """(unit boundary probabilities float32 [S], sub-unit probabilities or None)."""
+        return self.probe(scores)
+
+    def params(self) -> ProbeParams:
+        """The cut parameters the file carries (threshold, min/max segment)."""
+        return self.probe.params
