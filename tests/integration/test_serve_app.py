@@ -37,7 +37,7 @@ def _config(tmp: Path, port: int) -> Path:
     base["http_options"]["port"] = port
     template = base["applications"][0]
     for dep in template["deployments"]:  # 3 apps must fit on 2 CPUs
-        dep["ray_actor_options"]["num_cpus"] = 0.05 if dep["name"] == "SegmentProbe" else 0.2
+        dep["ray_actor_options"]["num_cpus"] = 0.05 if dep["name"] == "SegmentProbe" else 0.15
 
     main = copy.deepcopy(template)
     main["args"].update(
