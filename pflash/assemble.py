@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from pflash.errors import CompressionFailed
-from pflash.spans import Span, TokenizedText, Tokenizer, canonicalize, decode_ids
+from pflash.spans import Span, Tokenizer, canonicalize, decode_ids
 
 CUT_MARKER = "\n[...]\n"
 RECALL_HEADER = "[Earlier in this conversation]\n"
@@ -184,25 +184,6 @@ def cut_marker_drafter_tokens(drafter_tokenizer: Tokenizer) -> int:
     choice (`assembly_cut_marker`).
     """
     return len(_encode_ids(drafter_tokenizer, CUT_MARKER))
-
-
-def find_containers(
-    drafter: TokenizedText, header_max: int
-) -> tuple[tuple[Span, ...], tuple[Span, ...]]:
-    """Container extents and their header spans, **drafter** tokens (§4.9 experiment hook).
-
-    Would find containers (e.g. a document and its title line, at most `header_max` tokens)
-    for `selection.fit_assembly_overhead(container_extents=..., container_headers=...)`.
-    Not implemented: the reference's container grammar is not specified. Called only when
-    `select_container_headers` is on, so enabling it fails loudly instead of serving a
-    prompt without the headers it asked for.
-    """
-    raise NotImplementedError(
-        "select_container_headers is an assembly experiment hook that is not implemented"
-    )
-
-
-# --------------------------------------------------------------------------- ceiling retry
 
 
 class CeilingMeasured(Protocol):

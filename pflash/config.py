@@ -313,6 +313,11 @@ class PFlashConfig(BaseModel):
             raise ValueError("select_topk: must be > 0 when select_mode is top_k")
         if self.select_mode == "top_k" and self.select_scorer == "split":
             raise ValueError("select_scorer: split does not support select_mode top_k")
+        if self.select_container_headers:
+            raise ValueError(
+                "select_container_headers: not available yet (the container-header assembly "
+                "experiment is not implemented); leave it false"
+            )
         if self.scoring_head_gguf and self.select_mode == "legacy":
             raise ValueError(
                 "scoring_head_gguf: a trained scoring head needs strict selection (select_mode not legacy)"

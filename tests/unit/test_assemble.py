@@ -12,7 +12,6 @@ from pflash.assemble import (
     assemble,
     clean_excerpt,
     cut_marker_drafter_tokens,
-    find_containers,
     fit_ceiling,
     paragraph_join,
     recall_block,
@@ -181,10 +180,14 @@ def test_cut_marker_drafter_cost_is_the_marker_encoding(bpe_tokenizer, smollm2_t
         assert cut_marker_drafter_tokens(tok) == expected >= 3
 
 
-def test_container_headers_hook_is_not_implemented(smollm2_tokenizer):
-    drafter = encode_with_offsets(smollm2_tokenizer, CHAT)
-    with pytest.raises(NotImplementedError, match="container_headers"):
-        find_containers(drafter, header_max=48)
+def test_container_headers_experiment_is_refused_at_config_load():
+    """Not implemented: enabling it must fail at startup, not silently do nothing."""
+    from pflash.config import build_config
+    from pflash.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        build_config({"select_container_headers": True}, env={})
+    assert err.value.key == "select_container_headers"
 
 
 # --------------------------------------------------------------------------- ceiling retry
