@@ -40,6 +40,9 @@ ScorerKind = Literal["head", "legacy", "split"]
 DrafterProfile = Literal["auto", "generic", "qwen3", "qwen35"]
 TargetBackend = Literal["transformers", "openai"]
 OnDrafterError = Literal["fail", "bypass"]
+LexicalMode = Literal["off", "anchors", "cascade"]
+LexicalQuery = Literal["question", "tail"]
+PositionPrior = Literal["off", "distance"]
 
 
 class PFlashConfig(BaseModel):
@@ -117,6 +120,48 @@ class PFlashConfig(BaseModel):
     assembly_cut_marker: bool = Field(
         False,
         description='Assembly experiment: write "\\n[...]\\n" at cuts (paid inside the budget).',
+    )
+
+    # --- small-drafter quality: lexical evidence, position prior (issue 10)
+    select_lexical: LexicalMode = Field(
+        "off",
+        description="Lexical evidence in strict selection: `anchors` ranks candidates sharing rare words or word n-grams with the question first (inside the budget); `cascade` also follows rare words out of anchored text (multi-hop); `off` = attention only.",
+    )
+    lexical_query: LexicalQuery = Field(
+        "question",
+        description="Lexical query pool: `question` = the question-like sentences of the latest user turn wherever they sit (+ pflash_query); `tail` = its last anchor_query_tokens tokens (reference).",
+    )
+    lexical_rare_max_freq: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Cascade: a word links text when it occurs at most this often in the context.",
+    )
+    lexical_cascade_iters: int = Field(
+        3, ge=1, le=16, description="Cascade: rare-word expansion rounds."
+    )
+    lexical_max_share: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Share of the droppable budget lexical anchors may take before attention fills the rest.",
+    )
+    select_position_prior: PositionPrior = Field(
+        "off",
+        description="Rank candidates by attention lift over a position prior (`distance`: the median mass at the same distance from the query), so the attention sink and the recency band do not crowd out the context.",
+    )
+    drafter_lookahead_tokens: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Look-ahead queries: the drafter greedily decodes this many answer tokens (a full drafter forward) and their attention rows join the query windows; 0 = off.",
+    )
+    drafter_lookahead_weight: float = Field(
+        1.0, gt=0, le=16, description="Weight of the look-ahead window in the mass mix."
+    )
+    drafter_calibration: str | None = Field(
+        None,
+        description="Calibration file from `pflash calibrate` (scoring layer and per-head weights) for this drafter; `embedded` = the file shipped for embedded:smollm2-135m.",
     )
 
     # --- chat parsing, pins, history (reference §5.3-§5.6)
@@ -222,7 +267,8 @@ class PFlashConfig(BaseModel):
         description="Per-conversation drafter scoring sessions kept (LRU); 0 = none.",
     )
     scoring_head_gguf: str | None = Field(
-        None, description="Trained scoring head GGUF bound to the drafter file by sha256."
+        None,
+        description="Trained scoring head GGUF bound to the drafter file by sha256; `embedded` = the head shipped for embedded:smollm2-135m (pflash head train reproduces it).",
     )
     segment_probe_gguf: str | None = Field(
         None,
@@ -325,6 +371,14 @@ class PFlashConfig(BaseModel):
         if self.segment_probe_gguf == "embedded" and self.drafter != EMBEDDED_SMOLLM2:
             raise ValueError(
                 f"segment_probe_gguf: 'embedded' is the probe for {EMBEDDED_SMOLLM2}; give a probe GGUF trained for this drafter (pflash probe train)"
+            )
+        if self.scoring_head_gguf == "embedded" and self.drafter != EMBEDDED_SMOLLM2:
+            raise ValueError(
+                f"scoring_head_gguf: 'embedded' is the head for {EMBEDDED_SMOLLM2}; give a head GGUF trained for this drafter (pflash head train)"
+            )
+        if self.drafter_calibration == "embedded" and self.drafter != EMBEDDED_SMOLLM2:
+            raise ValueError(
+                f"drafter_calibration: 'embedded' is the calibration for {EMBEDDED_SMOLLM2}; run pflash calibrate for this drafter"
             )
         if self.adaptive_min > self.adaptive_max:
             raise ValueError("adaptive_min: must not exceed adaptive_max")
