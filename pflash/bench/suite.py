@@ -6,6 +6,7 @@
                      [--methods pflash full llmlingua tail random] [--seed 0]
     pflash bench report bench-out          # summary.md and plots from results.jsonl
     pflash bench smoke --out DIR           # a few small cases against the embedded app
+    pflash bench ablate --out DIR          # retention per scoring variant (no target)
 
 The in-process engine uses the PFlash settings of serve_config.yaml's application (the
 embedded default); the HTTP engine starts that application (`ServeCluster`) unless
@@ -93,6 +94,10 @@ def add_arguments(sub) -> None:
     smoke.add_argument("--out", default=None, help="output directory (default: a temp dir)")
     smoke.add_argument("--base-url", default=None, help="use a running server instead")
 
+    from pflash.bench.ablation import add_arguments as add_ablation
+
+    add_ablation(bsub)
+
 
 def run_bench(args) -> int:
     if args.bench_command == "run":
@@ -101,6 +106,10 @@ def run_bench(args) -> int:
         write_report(Path(args.out))
         print(Path(args.out) / SUMMARY)
         return 0
+    if args.bench_command == "ablate":
+        from pflash.bench.ablation import run_ablation
+
+        return run_ablation(args)
     if args.bench_command == "smoke":
         from pflash.bench.smoke import run_smoke
 

@@ -1,0 +1,341 @@
+"""`pflash bench ablate`: evidence retention per family for each scoring mechanism, side by side.
+
+Issue 10 asks what each mechanism (lexical anchors, the cascade, the position prior,
+look-ahead queries, a calibrated or trained head) adds on top of attention alone. Retention
+depends only on what is served, so this bench runs no target: every turn is compressed by
+every variant and the served prompt is checked for the turn's evidence strings (the same
+metric as `pflash bench run`). Variants that differ only in selection share one drafter
+pass per turn; variants that change the drafter (look-ahead, head, calibration, layer) get
+their own scorer over the one loaded model. Compression time per variant is what that
+variant alone would take: prepare + its drafter pass (+ probe) + finish.
+
+Multi-turn cases are answered with the gold answers as the assistant's earlier replies, so
+every variant sees the same conversation. `--llmlingua` adds LongLLMLingua (same 135M
+model, question-aware, strict rate) as a column, measured in the same run.
+
+    pflash bench ablate --out bench-out/ablate [--families ...] [--cases 4]
+        [--lengths 2048 4096] [--keep 0.1] [--variant NAME:KEY=VALUE,KEY=VALUE ...]
+        [--llmlingua] [--threads 1] [--set KEY=VALUE]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from pflash.bench.generators import BenchCase
+from pflash.bench.runner import Reply, Served, TurnResult, score_turn, write_jsonl
+
+# Keys that change what the drafter computes: variants differing in these need their own pass.
+DRAFTER_KEYS = (
+    "drafter",
+    "drafter_head_layer",
+    "drafter_lookahead_tokens",
+    "drafter_lookahead_weight",
+    "drafter_calibration",
+    "scoring_head_gguf",
+    "select_scorer",
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named set of config overrides on top of the run's base config."""
+
+    name: str
+    overrides: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def settings(self) -> dict:
+        return dict(self.overrides)
+
+    def drafter_key(self, base: dict) -> tuple:
+        merged = {**base, **self.settings}
+        return tuple((k, merged.get(k)) for k in DRAFTER_KEYS)
+
+
+def variant(name: str, **overrides) -> Variant:
+    return Variant(name, tuple(sorted(overrides.items())))
+
+
+DEFAULT_VARIANTS = (
+    variant("attention", select_lexical="off"),
+    variant("prior", select_lexical="off", select_position_prior="distance"),
+    variant("anchors", select_lexical="anchors"),
+    variant("cascade", select_lexical="cascade"),
+    variant("cascade+prior", select_lexical="cascade", select_position_prior="distance"),
+)
+
+
+def parse_variant(text: str) -> Variant:
+    """`NAME:KEY=VALUE,KEY=VALUE` (values read as YAML); `NAME:` alone = the base config."""
+    name, sep, rest = text.partition(":")
+    if not sep or not name:
+        raise ValueError(f"--variant {text!r}: expected NAME:KEY=VALUE,...")
+    pairs = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--variant {text!r}: {item!r} is not KEY=VALUE")
+        pairs[key.strip()] = yaml.safe_load(value)
+    return variant(name, **pairs)
+
+
+def gold_replies(case: BenchCase, turn: int) -> list[str]:
+    """Earlier assistant turns for a multi-turn case: the gold answers, identical per variant."""
+    return [", ".join(case.turns[t].answers) for t in range(turn)]
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class AblationEngine:
+    """One loaded drafter, one scorer per drafter-relevant variant group, the real pipeline."""
+
+    def __init__(self, base: dict, variants: Sequence[Variant], *, threads: int | None = None):
+        import torch
+
+        from pflash.config import build_config
+        from pflash.models.loading import load_causal_lm
+        from pflash.models.source import load_tokenizer
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.base = dict(base)
+        self.variants = tuple(variants)
+        self.configs = {
+            v.name: build_config({**self.base, **v.settings, "mode": "always"}, env={})
+            for v in self.variants
+        }
+        first = next(iter(self.configs.values()))
+        self.target_tokenizer = load_tokenizer(first.target_tokenizer or first.target)
+        self.drafter_tokenizer = load_tokenizer(first.drafter_tokenizer or first.drafter)
+        self.loaded = load_causal_lm(first.drafter)
+        self.scorers: dict[tuple, object] = {}
+        self.probes: dict[tuple, object] = {}
+        for v in self.variants:
+            key = v.drafter_key(self.base)
+            if key not in self.scorers:
+                self.scorers[key], self.probes[key] = self._scorer(self.configs[v.name])
+
+    def _scorer(self, config):
+        from pflash.models.drafter import DrafterScorer
+
+        scorer = DrafterScorer(config, self.loaded)
+        probe = None
+        if config.segment_probe_gguf and config.select_segments != "fixed":
+            from pflash.models.probe import (
+                load_segment_probe,
+                resolve_probe_path,
+                scorer_probe_identity,
+            )
+
+            path = resolve_probe_path(config.segment_probe_gguf, config.drafter)
+            probe = load_segment_probe(path, scorer_probe_identity(scorer))
+        return scorer, probe
+
+    def encode(self, messages: list[dict]) -> tuple[int, ...]:
+        from pflash.chat import render_chat
+
+        text = render_chat(self.target_tokenizer, messages)
+        return tuple(self.target_tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def serve(self, messages: list[dict]) -> dict[str, Served]:
+        """Every variant's served prompt for one chat (one drafter pass per variant group)."""
+        from pflash.errors import CompressionFailed
+        from pflash.pipeline import PromptInput, finish, prepare
+
+        ids = self.encode(messages)
+        inp = PromptInput(prompt_ids=ids, messages=messages)
+        kw = dict(target_tokenizer=self.target_tokenizer, drafter_tokenizer=self.drafter_tokenizer)
+        passes: dict[tuple, tuple] = {}
+        out: dict[str, Served] = {}
+        for v in self.variants:
+            cfg = self.configs[v.name]
+            t0 = time.perf_counter()
+            prepared = prepare(inp, config=cfg, **kw)
+            prepare_ms = (time.perf_counter() - t0) * 1000
+            if not prepared.compress:
+                out[v.name] = Served(
+                    v.name,
+                    cfg.keep_ratio,
+                    prepared.prompt_text,
+                    ids,
+                    len(ids),
+                    len(ids),
+                    prepare_ms,
+                )
+                continue
+            key = v.drafter_key(self.base)
+            if key not in passes:
+                scorer, probe = self.scorers[key], self.probes[key]
+                t0 = time.perf_counter()
+                scores = scorer(prepared.score_request)
+                boundary = subunit = None
+                if probe is not None and prepared.score_request.want_tap:
+                    boundary, subunit = probe(scores)
+                passes[key] = (scores, boundary, subunit, (time.perf_counter() - t0) * 1000)
+            scores, boundary, subunit, score_ms = passes[key]
+            probe = self.probes[key]
+            t0 = time.perf_counter()
+            try:
+                result = finish(
+                    prepared,
+                    scores,
+                    config=cfg,
+                    boundary=boundary,
+                    subunit=subunit,
+                    probe_params=probe.params if probe is not None else None,
+                    **kw,
+                )
+            except CompressionFailed as exc:
+                out[v.name] = Served(v.name, cfg.keep_ratio, f"[failed: {exc}]", (), 0, 0, 0.0)
+                continue
+            ms = prepare_ms + score_ms + (time.perf_counter() - t0) * 1000
+            out[v.name] = Served(
+                v.name,
+                cfg.keep_ratio,
+                result.served_text,
+                result.served_ids,
+                len(result.served_ids),
+                int(result.stats.get("kept_tokens", 0)),
+                ms,
+            )
+        return out
+
+
+def run_case(case: BenchCase, engine: AblationEngine, llmlingua=None) -> list[TurnResult]:
+    """Every turn of `case` under every variant (and LongLLMLingua when given)."""
+    out = []
+    no_reply = Reply("", 0.0, None)
+    for turn in range(len(case.turns)):
+        messages = case.messages(turn, gold_replies(case, turn))
+        prompt_tokens = len(engine.encode(messages))
+        served = list(engine.serve(messages).values())
+        if llmlingua is not None:
+            keep = next(iter(engine.configs.values())).keep_ratio
+            b = llmlingua(case.document, case.turns[turn].question, keep)
+            msgs = case.messages(turn, gold_replies(case, turn), document=b.document)
+            text = engine.target_tokenizer.decode(engine.encode(msgs))
+            served.append(Served("llmlingua", keep, text, None, 0, b.kept_tokens, b.compress_ms))
+        for s in served:
+            out.append(
+                score_turn(case, turn, s, no_reply, engine="ablation", prompt_tokens=prompt_tokens)
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- report
+
+
+def retention_table(rows: Sequence[TurnResult], order: Sequence[str]) -> str:
+    """Markdown: evidence retention per family × variant, the overall line, median ms."""
+    by: dict[tuple[str, str], list[TurnResult]] = defaultdict(list)
+    families: list[str] = []
+    for r in rows:
+        by[(r.family, r.method)].append(r)
+        if r.family not in families:
+            families.append(r.family)
+    methods = [m for m in order if any(r.method == m for r in rows)]
+
+    def pct(rs: list[TurnResult]) -> str:
+        total = sum(r.evidence_total for r in rs)
+        kept = sum(r.evidence_kept for r in rs)
+        return f"{100 * kept / total:.0f}%" if total else "–"
+
+    lines = ["| family | turns | " + " | ".join(methods) + " |"]
+    lines.append("|---|---|" + "---|" * len(methods))
+    for f in families:
+        n = len(by[(f, methods[0])])
+        lines.append(f"| {f} | {n} | " + " | ".join(pct(by[(f, m)]) for m in methods) + " |")
+    every = {m: [r for r in rows if r.method == m] for m in methods}
+    lines.append(
+        f"| **all** | {len(every[methods[0]])} | "
+        + " | ".join(f"**{pct(every[m])}**" for m in methods)
+        + " |"
+    )
+    lines.append(
+        "| median compress ms | | "
+        + " | ".join(f"{statistics.median(r.compress_ms for r in every[m]):.0f}" for m in methods)
+        + " |"
+    )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(bsub) -> None:
+    from pflash.bench.generators import FAMILIES
+
+    p = bsub.add_parser("ablate", help="evidence retention per family for each scoring variant")
+    p.add_argument("--out", required=True, help="output directory (results.jsonl, summary.md)")
+    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    p.add_argument("--cases", type=int, default=4, help="cases per family")
+    p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096])
+    p.add_argument("--keep", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=None,
+        metavar="NAME:KEY=VALUE,...",
+        help="a variant (repeatable); default: attention, prior, anchors, cascade, cascade+prior",
+    )
+    p.add_argument("--llmlingua", action="store_true", help="add LongLLMLingua as a column")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run_ablation(args) -> int:
+    from pflash.bench.generators import SuitePlan, generate, token_counter
+    from pflash.bench.suite import parse_overrides, serve_args
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    variants = [parse_variant(v) for v in args.variant] if args.variant else DEFAULT_VARIANTS
+    base = {**serve_args(), "keep_ratio": args.keep, "curve": (), **parse_overrides(args.set)}
+    engine = AblationEngine(base, variants, threads=args.threads)
+    count = token_counter(engine.target_tokenizer)
+    plan = SuitePlan(tuple(args.families), args.cases, tuple(args.lengths), seed=args.seed)
+    cases = [generate(spec, count) for spec in plan.specs()]
+    llm = None
+    if args.llmlingua:
+        from pflash.bench.baselines import LongLLMLingua
+
+        llm = LongLLMLingua(base.get("drafter", "embedded:smollm2-135m"), engine.target_tokenizer)
+    meta = {
+        "command": "pflash " + " ".join(getattr(args, "argv", []) or []),
+        "variants": {v.name: v.settings for v in variants},
+        "base": base,
+        "cases": len(cases),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    results = out / "results.jsonl"
+    results.unlink(missing_ok=True)
+    rows: list[TurnResult] = []
+    t0 = time.perf_counter()
+    for i, case in enumerate(cases):
+        case_rows = run_case(case, engine, llm)
+        write_jsonl(results, case_rows)
+        rows += case_rows
+        if not args.no_progress:
+            kept = {r.method: f"{r.evidence_kept}/{r.evidence_total}" for r in case_rows}
+            print(f"[{i + 1}/{len(cases)}] {case.case_id} {kept}", flush=True)
+    meta["wall_s"] = round(time.perf_counter() - t0, 1)
+    (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
+    order = [v.name for v in variants] + ["llmlingua"]
+    table = retention_table(rows, order)
+    (out / "summary.md").write_text(
+        f"# Evidence retention at keep {args.keep}\n\n{table}\n\nCommand: `{meta['command']}`\n"
+    )
+    print(table)
+    return 0
