@@ -334,6 +334,12 @@ class PFlashConfig(BaseModel):
             raise ValueError("must be a finite number")
         return v
 
+    @field_validator("mode", "select_lexical", "select_position_prior", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false: `mode: off` in serve_config.yaml means "off"
+        return "off" if v is False else v
+
     @field_validator("curve", mode="before")
     @classmethod
     def _parse_curve(cls, v: Any) -> Any:

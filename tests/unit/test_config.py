@@ -126,3 +126,12 @@ def test_readme_config_table_matches_the_config():
     assert readme[begin:end].strip() == config_table().strip(), (
         "README config table is stale: regenerate it from pflash.config.config_table()"
     )
+
+
+@pytest.mark.parametrize("key", ["mode", "select_lexical", "select_position_prior"])
+def test_bare_yaml_off_means_off(key):
+    import yaml
+
+    assert getattr(build_config(yaml.safe_load(f"{key}: off"), env={}), key) == "off"
+    with pytest.raises(ConfigError):
+        build_config({key: True}, env={})
