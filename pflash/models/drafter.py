@@ -14,8 +14,12 @@ Reading order, top-down:
 3. `head_keys` / `head_queries`: layer L's `input_layernorm`, `k_proj`/`q_proj` (or the
    trained head's weights), `k_norm`/`q_norm`, no rotary: the NoPE head (§3.3 steps 1, 3).
 4. `window_mass`: per window, softmax over the visible keys per (head, row) in fp32,
-   computed over key blocks (never a [rows, S] matrix per head larger than a block), mean
-   over heads and rows (`mean_head_mass`); `mix_window_masses` mixes windows by weight.
+   computed over key blocks (`window_probs`: never a [rows, S] matrix per head larger than
+   a block), mean over heads and rows (`mean_head_mass`; a calibration from `pflash
+   calibrate` makes it a weighted mean over heads and picks the layer,
+   `pflash.models.calibration`); `mix_window_masses` mixes windows by weight.
+   `decode_lookahead`: look-ahead queries (§3.6), k greedily decoded tokens whose
+   scoring-layer rows form one more window (`drafter_lookahead_tokens`; a full forward).
 5. `tail_running_max` / `smooth_in_range`: the legacy tail scorer (§3.1/§3.2): running
    max over layers and heads, mean over the tail rows, in-range smoothing.
 6. `DrafterScorer`: loads once, owns the session table, implements the scorer contract
@@ -39,6 +43,7 @@ import torch.nn.functional as F
 
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, ConfigError, ModelUnavailable
+from pflash.models.calibration import Calibration, load_calibration
 from pflash.models.loading import LoadedModel, load_causal_lm, resolve_device
 from pflash.models.scoring_head import HeadIdentity, ScoringHead, drafter_sha256, load_scoring_head
 from pflash.models.sessions import (
@@ -136,8 +141,15 @@ def _matches(text_config, reference: dict) -> bool:
     return all(getattr(text_config, k, None) == v for k, v in reference.items())
 
 
-def resolve_profile(loaded: LoadedModel, config: PFlashConfig) -> ScorerProfile:
-    """The scorer profile for a loaded drafter; `drafter_head_layer` overrides the default."""
+def resolve_profile(
+    loaded: LoadedModel, config: PFlashConfig, calibrated_layer: int | None = None
+) -> ScorerProfile:
+    """The scorer profile for a loaded drafter.
+
+    The head layer is `drafter_head_layer` when set, else a calibration's `calibrated_layer`,
+    else the profile default. Both set and different is a ConfigError: the calibration's
+    head weights were measured at its own layer and mean nothing at another.
+    """
     model = loaded.model
     text = model.config.get_text_config()
     n = text.num_hidden_layers
@@ -169,7 +181,15 @@ def resolve_profile(loaded: LoadedModel, config: PFlashConfig) -> ScorerProfile:
         default = min(n - 1, round(GENERIC_HEAD_FRACTION * n))
         base, schema = _base_model_name(loaded), None
         legacy_layers, legacy_rope, gated = attention_layers, False, False
-    head_layer = default if config.drafter_head_layer is None else config.drafter_head_layer
+    explicit = config.drafter_head_layer
+    if explicit is not None and calibrated_layer is not None and explicit != calibrated_layer:
+        raise ConfigError(
+            "drafter_head_layer",
+            explicit,
+            f"the calibration {config.drafter_calibration!r} chose layer {calibrated_layer} and "
+            "its head weights hold only there; unset drafter_head_layer or drop the calibration",
+        )
+    head_layer = next(v for v in (explicit, calibrated_layer, default) if v is not None)
     if not 0 <= head_layer < n:
         raise ConfigError(
             "drafter_head_layer",
@@ -233,6 +253,54 @@ def run_trunk_chunk(
     finally:
         handle.remove()
     return captured["x"][0]  # [c, hidden]
+
+
+def run_full_chunk(
+    model, ids: torch.Tensor, start: int, cache, *, tap_layer: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every layer over one chunk `ids` [c] at positions [start, start+c): the hidden states
+    entering `tap_layer` and the decoder's final (normed) hidden states, both [c, hidden]."""
+    decoder = _decoder(model)
+    captured: dict[str, torch.Tensor] = {}
+
+    def grab(module, args, kwargs):
+        captured["x"] = args[0] if args else kwargs["hidden_states"]
+
+    handle = decoder.layers[tap_layer].register_forward_pre_hook(grab, with_kwargs=True)
+    positions = torch.arange(start, start + ids.shape[0]).unsqueeze(0)  # [1, c]
+    try:
+        out = decoder(
+            input_ids=ids.unsqueeze(0), position_ids=positions, cache=cache, use_cache=True
+        )
+    finally:
+        handle.remove()
+    return captured["x"][0], out.last_hidden_state[0]
+
+
+def decode_lookahead(
+    model, cache, last_hidden: torch.Tensor, start: int, k: int, *, tap_layer: int
+) -> tuple[list[int], torch.Tensor]:
+    """Greedy-decode `k` tokens after a prompt of `start` tokens whose full forward filled
+    `cache`; return their ids and the hidden states entering `tap_layer` for each, [k, hidden].
+
+    `last_hidden` [hidden] is the final hidden state at the prompt's last token. Token i+1
+    is the argmax of the output head at token i, as `model.generate(do_sample=False)` picks
+    without logits processors. The k-th token is only needed up to the scoring layer, so its
+    step stops there; the cache is spent afterwards (it is never a session's cache).
+    """
+    head = model.get_output_embeddings()
+    tokens, rows = [], []
+    h = last_hidden
+    for i in range(k):
+        tokens.append(int(head(h.unsqueeze(0)).argmax(dim=-1)))
+        tok = torch.tensor(tokens[-1:], dtype=torch.long)
+        if i < k - 1:
+            x, final = run_full_chunk(model, tok, start + i, cache, tap_layer=tap_layer)
+            h = final[-1]
+        else:
+            x = run_trunk_chunk(model, tok, start + i, cache, tap_layer=tap_layer, stop_at_tap=True)
+        rows.append(x)
+    return tokens, torch.cat(rows).float()  # [k, hidden]
 
 
 def chunk_bounds(
@@ -303,19 +371,24 @@ def visible_keys(
     return visible
 
 
-def mean_head_mass(probs: torch.Tensor) -> torch.Tensor:
-    """probs [H, n, K] -> mass [K]: mean over heads and rows (§3.3 step 6)."""
-    return probs.sum(dim=(0, 1)) / (probs.shape[0] * probs.shape[1])
+def mean_head_mass(probs: torch.Tensor, head_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """probs [H, n, K] -> mass [K]: mean over heads and rows (§3.3 step 6).
+
+    With `head_weights` [H] (a calibration's, summing to 1) the mean over heads becomes
+    the weighted mean sum_h w_h * mean_t P_h,t; the mass still sums to 1 over visible keys.
+    """
+    if head_weights is None:
+        return probs.sum(dim=(0, 1)) / (probs.shape[0] * probs.shape[1])
+    return torch.einsum("h,hk->k", head_weights, probs.sum(dim=1)) / probs.shape[1]
 
 
-def window_mass(
-    q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Attention mass of one window over all keys, fp32 [S]; 0 on masked keys.
+def window_probs(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, scale: float):
+    """Softmax over the visible keys per (head, row) in fp32, one key block at a time.
 
     q [n, H, D], keys [S, Hk, D], visible bool [S]. Head h reads key head h // (H/Hk).
-    Two passes over key blocks: a running log-sum-exp per (head, row), then the
-    probabilities of each block, so memory is one block of logits whatever S is.
+    Yields (idx [B] key positions, probs [H, n, B]). Two passes over key blocks: a running
+    log-sum-exp per (head, row), then the probabilities of each block, so memory is one
+    block of logits whatever S is.
     """
     n, n_head, _ = q.shape
     n_kv = keys.shape[1]
@@ -342,11 +415,39 @@ def window_mass(
         s = s * torch.exp(m - m_new) + torch.exp(z - m_new).sum(dim=-1, keepdim=True)
         m = m_new
     lse = m + torch.log(s)
-    # pass 2: probabilities, mean over heads and rows
-    mass = torch.zeros(keys.shape[0])
+    # pass 2: probabilities
     for idx in blocks:
-        p = torch.exp(logits(idx) - lse)  # [Hk, group*n, B]
-        mass[idx] = mean_head_mass(p.view(n_head, n, -1))
+        yield idx, torch.exp(logits(idx) - lse).view(n_head, n, -1)  # [H, n, B]
+
+
+def window_mass(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+    head_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention mass of one window over all keys, fp32 [S]; 0 on masked keys.
+
+    q [n, H, D], keys [S, Hk, D], visible bool [S]: the mean over heads and rows of
+    `window_probs` (or the `head_weights`-weighted mean over heads, see `mean_head_mass`).
+    """
+    mass = torch.zeros(keys.shape[0])
+    for idx, p in window_probs(q, keys, visible, scale):
+        mass[idx] = mean_head_mass(p, head_weights)
+    if not torch.isfinite(mass).all():
+        raise NonFiniteScores("non-finite probabilities in the head scorer")
+    return mass
+
+
+def window_head_masses(
+    q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Per-head attention mass of one window, fp32 [H, S]: the mean over rows only, so
+    `pflash calibrate` can rank chunks by each head on its own."""
+    mass = torch.zeros(q.shape[1], keys.shape[0])
+    for idx, p in window_probs(q, keys, visible, scale):
+        mass[:, idx] = p.mean(dim=1)
     if not torch.isfinite(mass).all():
         raise NonFiniteScores("non-finite probabilities in the head scorer")
     return mass
@@ -411,6 +512,7 @@ class _Forward:
     tap: list[torch.Tensor] = field(default_factory=list)  # [c, hidden] per chunk
     rows: dict[Span, list[torch.Tensor]] = field(default_factory=dict)  # window rows at layer L
     legacy_q: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # layer -> [n, H, D] NoPE
+    last_hidden: torch.Tensor | None = None  # [hidden] final hidden state at S-1 (full forward)
     checkpoint: object | None = None
     ms: float = 0.0
 
@@ -435,11 +537,17 @@ class DrafterScorer:
         )
         self.model = self.loaded.model
         self.model.eval()
-        self.profile = resolve_profile(self.loaded, config)
+        self.calibration = self._load_calibration(config.drafter_calibration)
+        self.profile = resolve_profile(
+            self.loaded, config, self.calibration.layer if self.calibration else None
+        )
         self.layer = _decoder(self.model).layers[self.profile.head_layer]
         self.n_head, self.n_kv, self.head_dim = _shape(self.layer.self_attn, self.model)
         self.scale = float(getattr(self.layer.self_attn, "scaling", self.head_dim**-0.5))
         self.head = self._load_head(config.scoring_head_gguf)
+        self.head_weights = (  # [H]: weighted mean over heads (§3.3 step 6), None = plain mean
+            torch.tensor(self.calibration.head_weights) if self.calibration else None
+        )
         self.sessions = SessionTable(config.drafter_sessions)
         self._chunk = (0, 0)  # token range of the chunk in flight, read by the legacy hooks
         log.info(
@@ -451,6 +559,13 @@ class DrafterScorer:
             self.profile.tap,
             f", trained head {self.head.path}" if self.head else "",
         )
+        if self.calibration:
+            log.info(
+                "drafter calibration %s: layer %d, head weights %s",
+                self.calibration.path,
+                self.calibration.layer,
+                self.calibration.head_weights,
+            )
 
     # ------------------------------------------------------------------ setup
     def head_identity(self) -> HeadIdentity:
@@ -460,6 +575,27 @@ class DrafterScorer:
             base_model=self.profile.base_model,
             feature_tap=self.profile.tap,
             runtime_gguf_sha256=drafter_sha256(self.loaded.source.path),
+        )
+
+    def _load_calibration(self, value: str | None) -> Calibration | None:
+        """The calibration file for this drafter (layer, head weights), checked against its
+        sha256 and shape. A trained scoring head is refused with it: the weights were
+        measured on the base layer's q_proj/k_proj, not on the head's."""
+        if value is None:
+            return None
+        if self.config.scoring_head_gguf is not None:
+            raise ConfigError(
+                "drafter_calibration",
+                value,
+                "not with scoring_head_gguf: its head weights were measured on the base "
+                "layer's q_proj/k_proj, not on a trained head",
+            )
+        text = self.model.config.get_text_config()
+        return load_calibration(
+            value,
+            drafter_sha256(self.loaded.source.path),
+            text.num_hidden_layers,
+            text.num_attention_heads,
         )
 
     def _load_head(self, path: str | None) -> ScoringHead | None:
@@ -514,6 +650,8 @@ class DrafterScorer:
     # ------------------------------------------------------------------ head scorer
     def _score_head(self, req: ScoreRequest, *, use_session: bool) -> ScoreResult:
         """Head mass (§3.3), resuming from the conversation's session when one fits."""
+        if self.config.drafter_lookahead_tokens > 0:
+            return self._score_head_lookahead(req)
         ids = tuple(req.ids)
         key = req.session_key if use_session and self.sessions.capacity > 0 else None
         session = self.sessions.get(key) if key is not None else None
@@ -556,24 +694,64 @@ class DrafterScorer:
             ),
         )
 
-    def _head_mass(self, req, keys, rows, *, skipped=()) -> tuple[np.ndarray, int]:
+    def _score_head_lookahead(self, req: ScoreRequest) -> ScoreResult:
+        """Head mass with look-ahead queries (SpecPrefill's trick, §3.6).
+
+        One full forward over the prompt (every layer: the documented price of look-ahead)
+        also yields the scoring layer's keys, window rows and tap; then k greedy decode steps
+        (`decode_lookahead`). The decoded tokens' scoring-layer rows form one more query
+        window, weight `drafter_lookahead_weight`, over the prompt's keys that the main
+        window sees (never the decoded tokens themselves).
+
+        Always from scratch: the full forward's cache holds every layer plus the decoded
+        tokens, unlike a session's (layers before the scoring layer, prompt tokens only), so
+        no session is stored and the conversation's session, if any, is left untouched.
+        """
+        ids = tuple(req.ids)
+        k = self.config.drafter_lookahead_tokens
+        cache = self.new_cache()
+        fwd = self._forward(ids, 0, cache, windows=req.windows, want_tap=req.want_tap, full=True)
+        keys = torch.cat(fwd.keys)  # [S, Hk, D]
+        t0 = time.perf_counter()
+        tokens, rows = decode_lookahead(
+            self.model, cache, fwd.last_hidden, len(ids), k, tap_layer=self.profile.head_layer
+        )
+        decode_ms = (time.perf_counter() - t0) * 1000
+        mass, scored = self._head_mass(req, keys, fwd.window_rows(), lookahead=rows)
+        return ScoreResult(
+            mass=mass,
+            tap=torch.cat(fwd.tap).numpy() if req.want_tap else None,
+            scorer_resume=0,
+            scorer_new_tokens=len(ids),
+            scorer_forward_ms=fwd.ms,
+            extras=self._extras(
+                windows=scored,
+                skipped_windows=[],
+                lookahead_tokens=tokens,
+                lookahead_ms=round(decode_ms, 1),
+            ),
+        )
+
+    def _head_mass(
+        self, req, keys, rows, *, skipped=(), lookahead: torch.Tensor | None = None
+    ) -> tuple[np.ndarray, int]:
         """Mix the windows' masses (§3.3 steps 3-7). Windows in `skipped` (history rows a
-        session no longer has) are left out; the others keep their positional weights."""
+        session no longer has) are left out; the others keep their positional weights.
+        `lookahead` [k, hidden]: scoring-layer rows of decoded tokens, one more window of
+        weight `drafter_lookahead_weight` that sees the main window's keys."""
+        windows = [(w, rows[w.span]) for w in req.windows if w.span not in skipped]
+        if lookahead is not None:
+            main = QueryWindow(req.query, self.config.drafter_lookahead_weight, "main")
+            windows.append((main, lookahead))
         masses, weights = [], []
-        for w in req.windows:
-            if w.span in skipped:
-                continue
+        for w, x in windows:
             q = head_queries(
-                self.layer,
-                rows[w.span],
-                n_head=self.n_head,
-                gated=self.profile.gated_q,
-                head=self.head,
+                self.layer, x, n_head=self.n_head, gated=self.profile.gated_q, head=self.head
             )
             visible = visible_keys(
                 len(req.ids), req.query, w, suffix_candidates=req.suffix_candidates
             )
-            masses.append(window_mass(q, keys, visible, self.scale))
+            masses.append(window_mass(q, keys, visible, self.scale, self.head_weights))
             weights.append(w.weight)
         if not masses:
             raise CompressionFailed("drafter", "no query window could be scored")
@@ -584,6 +762,7 @@ class DrafterScorer:
             "profile": self.profile.name,
             "head_layer": self.profile.head_layer,
             "trained_head": self.head is not None,
+            "calibration": self.calibration.path if self.calibration else None,
         } | kw
 
     def _next_session(self, old, plan, ids, cache, keys, tap, rows, fwd, windows) -> DrafterSession:
@@ -625,17 +804,20 @@ class DrafterScorer:
         windows: tuple[QueryWindow, ...],
         want_tap: bool,
         legacy_rows: Span | None = None,
+        full: bool = False,
     ) -> _Forward:
         """Run tokens [resume, S) in chunks; collect head keys, window rows and the tap.
 
-        Without `legacy_rows` the forward stops at the head layer. With it, every layer runs
-        (the legacy scorer reads all of them) and the NoPE query rows `legacy_rows` of each
-        legacy layer are captured from its q_norm (or q_proj) output.
+        By default the forward stops at the head layer. With `legacy_rows` or `full`, every
+        layer runs: the legacy scorer reads all of them (the NoPE query rows `legacy_rows` of
+        each legacy layer are captured from its q_norm or q_proj output), and look-ahead
+        decodes from the final hidden state at S-1 (`last_hidden`).
         """
         s = len(ids)
         out = _Forward()
+        full = full or legacy_rows is not None
         checkpoint_at = None
-        if legacy_rows is None and cache_has_recurrent_state(cache):
+        if not full and cache_has_recurrent_state(cache):
             checkpoint_at = max(resume, s - CHECKPOINT_TAIL)
             if 0 < resume == checkpoint_at < s:
                 out.checkpoint = snapshot_recurrent(cache, resume)
@@ -647,14 +829,20 @@ class DrafterScorer:
         try:
             for a, b in chunk_bounds(resume, s, self.config.drafter_chunk_tokens, cuts):
                 self._chunk = (a, b)
-                x = run_trunk_chunk(
-                    self.model,
-                    ids_t[a:b],
-                    a,
-                    cache,
-                    tap_layer=self.profile.head_layer,
-                    stop_at_tap=legacy_rows is None,
-                )
+                if full:
+                    x, final = run_full_chunk(
+                        self.model, ids_t[a:b], a, cache, tap_layer=self.profile.head_layer
+                    )
+                    out.last_hidden = final[-1]
+                else:
+                    x = run_trunk_chunk(
+                        self.model,
+                        ids_t[a:b],
+                        a,
+                        cache,
+                        tap_layer=self.profile.head_layer,
+                        stop_at_tap=True,
+                    )
                 x = x.float()  # [c, hidden]
                 out.keys.append(head_keys(self.layer, x, n_kv=self.n_kv, head=self.head))
                 if want_tap:

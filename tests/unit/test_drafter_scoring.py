@@ -173,6 +173,17 @@ def test_head_mass_mean_matches_reference_test_vector():
     np.testing.assert_allclose(mean_head_mass(probs).numpy(), [0.45, 0.175, 0.375], atol=1e-7)
 
 
+def test_calibrated_head_weights_make_the_head_mean_a_weighted_mean():
+    # per-head row means: h0 [.4, .35, .25], h1 [.5, 0, .5]
+    probs = torch.tensor([[[0.2, 0.3, 0.5], [0.6, 0.4, 0.0]], [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]])
+    one_hot = mean_head_mass(probs, torch.tensor([1.0, 0.0])).numpy()
+    np.testing.assert_allclose(one_hot, [0.4, 0.35, 0.25], atol=1e-7)
+    mixed = mean_head_mass(probs, torch.tensor([0.25, 0.75])).numpy()
+    np.testing.assert_allclose(mixed, [0.475, 0.0875, 0.4375], atol=1e-7)
+    equal = mean_head_mass(probs, torch.tensor([0.5, 0.5])).numpy()
+    np.testing.assert_allclose(equal, mean_head_mass(probs).numpy(), atol=1e-7)
+
+
 @pytest.mark.parametrize("suffix", [False, True])
 def test_head_mass_equals_eager_reference(scorer, suffix):
     ids = random_ids(70)
