@@ -428,7 +428,9 @@ class PFlashStats(BaseModel):
     Units: `*_ms` milliseconds (`compress_ms` rounded to 0.1); `drafter_input_tokens` and
     `kept_tokens` drafter tokens; `compressed_tokens` target tokens served; `keep_ratio`
     the final effective ratio; `segments` candidate segments; `scorer_resume` the token
-    position the drafter session resumed from. Unknown keys are an error, so the pipeline's
+    position the drafter session resumed from; `lexical_units` / `lexical_kept` the text
+    units sharing rare words with the question and how many of them were kept first
+    (`select_lexical`). Unknown keys are an error, so the pipeline's
     stats and this contract cannot drift apart silently.
     """
 
@@ -446,6 +448,8 @@ class PFlashStats(BaseModel):
     scorer_resume: int = 0
     scorer_new_tokens: int = 0
     scorer_forward_ms: float = 0.0
+    lexical_units: int = 0
+    lexical_kept: int = 0
     view: ViewStats = Field(default_factory=ViewStats)
 
     @field_validator("compress_ms")

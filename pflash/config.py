@@ -138,7 +138,10 @@ class PFlashConfig(BaseModel):
         description="Cascade: a word links text when it occurs at most this often in the context.",
     )
     lexical_cascade_iters: int = Field(
-        3, ge=1, le=16, description="Cascade: rare-word expansion rounds."
+        8,
+        ge=1,
+        le=16,
+        description="Cascade: rare-word rounds, one hop each (the longest chain followed).",
     )
     lexical_max_share: float = Field(
         1.0,

@@ -1,5 +1,8 @@
 """One request end to end: plan → budget → score → segments → select → assemble → stats.
 
+With `select_lexical` on, selection first keeps the lexical evidence (pflash/lexical.py:
+text sharing rare words with the question) inside the budget, then fills by attention.
+
 Split in two halves around the drafter call so the Ray ingress can await the remote scorer
 between them (and the CLI/tests can call one `compress` with a local scorer):
 
@@ -26,20 +29,24 @@ from pflash.assemble import Assembly, assemble, fit_ceiling
 from pflash.budget import BudgetPlan, configured_keep_ratio, plan_budget_for
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed
+from pflash.lexical import LexicalEvidence, LexicalParams, find_lexical_evidence
+from pflash.position_prior import lift_over_prior
 from pflash.query import Plan, plan_prompt
 from pflash.scoring import Scorer, ScoreRequest, ScoreResult, candidate_lifts
-from pflash.segments import ProbeParams, Segmentation, segment
+from pflash.segments import ProbeParams, segment
 from pflash.selection import (
     Candidates,
     LegacyParams,
     SelectionResult,
     build_candidates,
     kept_spans,
+    promote_spans,
     resolve_score_kind,
     select_candidates,
     select_legacy,
     select_split,
     span_sums,
+    split_candidates,
 )
 from pflash.spans import Span, decode_ids
 from pflash.trace import SelectionTrace, TraceWriter
@@ -192,11 +199,16 @@ def _prepare_legacy(
 
 @dataclass(frozen=True)
 class _Attempt:
-    """One selection + assembly at a keep ratio (what the ceiling loop retries)."""
+    """One selection + assembly at a keep ratio (what the ceiling loop retries).
+
+    `candidates`: what was selected from, with lexical promotions marked mandatory;
+    `lexical_kept`: lexical spans promoted at this budget (0 with lexical evidence off)."""
 
     assembly: Assembly
     selection: SelectionResult
     token_budget: int
+    candidates: Candidates
+    lexical_kept: int = 0
 
     @property
     def ceiling_tokens(self) -> int:
@@ -224,6 +236,8 @@ def finish(
     assert budget is not None
     n = plan.n_tokens
     token_scores = _head_scores(scores, config, n)
+    if config.select_position_prior == "distance" and config.select_scorer != "legacy":
+        token_scores = lift_over_prior(token_scores, plan.query.begin)
     suffix = prepared.score_request.suffix_candidates
     seg = segment(
         n,
@@ -245,7 +259,16 @@ def finish(
         suffix_candidates=suffix,
         kind=kind,
     )
-    other = _legacy_candidate_scores(scores, seg) if config.select_scorer == "split" else None
+    evidence = None
+    if config.select_lexical != "off":
+        evidence = find_lexical_evidence(
+            plan,
+            pinned=budget.pinned,
+            params=LexicalParams.from_config(config, cap_tokens=10 * budget.budget),
+            pflash_query=prepared.input.pflash_query,
+        )
+        cands = split_candidates(cands, evidence.cut_points(), token_scores, kind=kind)
+    other = _legacy_candidate_scores(scores, cands) if config.select_scorer == "split" else None
 
     def attempt(r: float) -> _Attempt:
         token_budget = math.floor(n * float(np.float32(r)))
@@ -253,13 +276,14 @@ def finish(
             raise CompressionFailed(
                 "selection", f"keep ratio {r:.4g} leaves no budget over {n} drafter tokens"
             )
-        sel = _select(cands, other, token_budget, config, skip_oversized=seg.kind == "probe")
+        pool, promoted = _promote(cands, evidence, token_budget, config)
+        sel = _select(pool, other, token_budget, config, skip_oversized=seg.kind == "probe")
         if not sel.ok:
             raise CompressionFailed(
                 "selection",
                 f"{sel.stop_reason}: {sel.error or 'no selection'} (budget {token_budget})",
             )
-        spans = kept_spans(cands, sel.ordinals)
+        spans = kept_spans(pool, sel.ordinals)
         asm = assemble(
             drafter_tokenizer,
             target_tokenizer,
@@ -268,14 +292,17 @@ def finish(
             paragraph_join=config.select_paragraph_join,
             cut_marker=config.assembly_cut_marker,
         )
-        return _Attempt(asm, sel, token_budget)
+        return _Attempt(asm, sel, token_budget, pool, promoted)
 
     fit = fit_ceiling(attempt, budget.keep_ratio, budget.ceiling)
     chosen: _Attempt = fit.assembly
     lifts = tuple(candidate_lifts(scores.mass, seg.spans())) if scores.mass is not None else ()
-    stats = _stats(prepared, scores, chosen, fit.r_used, len(seg), budget.kept_tokens)
+    stats = _stats(prepared, scores, chosen, fit.r_used, len(cands), budget.kept_tokens)
+    if evidence is not None:
+        stats["lexical_units"] = len(evidence.units)
+        stats["lexical_kept"] = chosen.lexical_kept
     if trace is not None:
-        trace.write(_selection_trace(prepared, config, seg, cands, other, chosen, fit.r_used, kind))
+        trace.write(_selection_trace(prepared, config, seg, other, chosen, fit.r_used, kind))
     return Compressed(
         compressed=True,
         served_ids=tuple(chosen.assembly.target_ids),
@@ -304,10 +331,27 @@ def _head_scores(scores: ScoreResult, config: PFlashConfig, n: int) -> np.ndarra
     return arr
 
 
-def _legacy_candidate_scores(scores: ScoreResult, seg: Segmentation) -> np.ndarray:
+def _legacy_candidate_scores(scores: ScoreResult, cands: Candidates) -> np.ndarray:
     if scores.legacy is None:
         raise CompressionFailed("drafter", "split scorer returned no legacy scores")
-    return span_sums(scores.legacy, seg.begin, seg.end) / (seg.end - seg.begin)
+    return span_sums(scores.legacy, cands.begin, cands.end) / cands.lengths
+
+
+def _promote(
+    cands: Candidates, evidence: LexicalEvidence | None, token_budget: int, config: PFlashConfig
+) -> tuple[Candidates, int]:
+    """The candidates with the lexical evidence that fits this budget made mandatory: the
+    question sentences first, then the anchored units best first, within
+    `lexical_max_share` of the droppable budget; attention fills the rest. Run per ceiling
+    attempt, so a tightened budget is respected."""
+    if evidence is None:
+        return cands, 0
+    return promote_spans(
+        cands,
+        evidence.promotion_order(),
+        budget=token_budget,
+        share=config.lexical_max_share,
+    )
 
 
 def _select(
@@ -359,10 +403,9 @@ def _stats(
     }
 
 
-def _selection_trace(
-    prepared, config, seg, cands, other, chosen: _Attempt, r, kind
-) -> SelectionTrace:
+def _selection_trace(prepared, config, seg, other, chosen: _Attempt, r, kind) -> SelectionTrace:
     plan = prepared.plan
+    cands = chosen.candidates
     ordinals = set(chosen.selection.ordinals)
     return SelectionTrace(
         schema_version=3,
@@ -384,7 +427,7 @@ def _selection_trace(
         scorer=config.select_scorer,
         split_fraction=config.select_split if config.select_scorer == "split" else 0.0,
         other_chunk_scores=() if other is None else tuple(float(x) for x in other.tolist()),
-        segments=seg.spans(),
+        segments=cands.spans(),
         chunk_size=seg.chunk_size,
         n_lookahead=len(plan.query),
         pool_kernel=1,

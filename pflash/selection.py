@@ -8,6 +8,8 @@ nothing here loops per token.
   max(0, score), ties to the lower ordinal, and added until the budget, top_p mass or top_k
   count stops the fill. Fixed chunks never skip ahead to a smaller candidate; probe segments
   may (`skip_oversized`).
+- Lexical evidence (issue 10): `split_candidates` gives each anchored sentence its own
+  candidate, `promote_spans` makes the ones that fit the budget mandatory before the fill.
 - Split (§4.6): the head scorer fills its share of the budget, the legacy scorer the rest.
 - Legacy (§4.1): fixed 32-token chunks, head/tail forcing, 4-gram lexical anchors, the
   optional Qwen3.5 repeat-token rule, then fill by chunk mean up to n_keep chunks.
@@ -165,6 +167,76 @@ def build_candidates(
         begin, end, query=query, pinned=pinned, suffix_candidates=suffix_candidates
     )
     return Candidates(begin, end, score, mandatory, np.arange(begin.size, dtype=np.int64))
+
+
+def split_candidates(
+    cands: Candidates, cuts: Sequence[int], token_scores: np.ndarray, *, kind: ScoreKind
+) -> Candidates:
+    """Cut the optional candidates at the drafter-token positions `cuts`.
+
+    Why: a lexical anchor is one sentence; promoting it must not cost its whole 64-token
+    chunk or probe segment. Mandatory candidates are never cut (a piece of the query chunk
+    could otherwise turn optional). A piece of an optional candidate is optional too (it
+    overlaps nothing its parent did not), and is scored like the parent (`kind`) over its own
+    span. Ordinals are renumbered in source order. Without a cut inside an optional
+    candidate, `cands` is returned as is.
+    """
+    points = np.unique(np.asarray(cuts, dtype=np.int64))
+    lo = np.searchsorted(points, cands.begin, side="right")
+    hi = np.searchsorted(points, cands.end, side="left")
+    split = (hi > lo) & ~cands.mandatory
+    if not split.any():
+        return cands
+    begins: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    mandatory: list[np.ndarray] = []
+    for i in np.argsort(cands.begin, kind="stable").tolist():
+        inner = points[lo[i] : hi[i]] if split[i] else points[:0]
+        edges = np.concatenate(([cands.begin[i]], inner, [cands.end[i]]))
+        begins.append(edges[:-1])
+        ends.append(edges[1:])
+        mandatory.append(np.full(edges.size - 1, bool(cands.mandatory[i])))
+    begin, end = np.concatenate(begins), np.concatenate(ends)
+    sums = span_sums(token_scores, begin, end)
+    score = sums / (end - begin) if kind == "density" else sums
+    return Candidates(
+        begin, end, score, np.concatenate(mandatory), np.arange(begin.size, dtype=np.int64)
+    )
+
+
+def promote_spans(
+    cands: Candidates, spans: Sequence[Span], *, budget: int, share: float = 1.0
+) -> tuple[Candidates, int]:
+    """Mark as mandatory the optional candidates overlapping each span, in the given order.
+
+    Why: lexical evidence (the question, text sharing its rare words) must be kept before
+    attention fills the rest, but never at the cost of the budget. The allowance is
+    floor(`share` x (`budget` - mandatory tokens)) drafter tokens; a span whose candidates do
+    not fit what is left is skipped for the next one. Returns the new candidates and how many
+    spans were promoted (spans already fully kept cost nothing and are not counted).
+    """
+    lengths = cands.lengths
+    mandatory = cands.mandatory.copy()
+    left = math.floor(share * (budget - int(lengths[mandatory].sum())))
+    if left <= 0 or not spans:
+        return cands, 0
+    order = np.argsort(cands.begin, kind="stable")
+    begin, end = cands.begin[order], cands.end[order]
+    promoted = 0
+    for s in spans:
+        a = int(np.searchsorted(end, s.begin, side="right"))
+        b = int(np.searchsorted(begin, s.end, side="left"))
+        idx = order[a:b]
+        idx = idx[~mandatory[idx]]
+        cost = int(lengths[idx].sum())
+        if cost == 0 or cost > left:
+            continue
+        mandatory[idx] = True
+        left -= cost
+        promoted += 1
+    if not promoted:
+        return cands, 0
+    return cands.replace(mandatory=mandatory), promoted
 
 
 # ----------------------------------------------------------------------------- strict selector

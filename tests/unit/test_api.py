@@ -502,6 +502,8 @@ def test_usage_serialises_exactly_the_contract_keys():
         "scorer_resume",
         "scorer_new_tokens",
         "scorer_forward_ms",
+        "lexical_units",
+        "lexical_kept",
         "view",
     }
     assert set(usage["timings"]["pflash"]["view"]) == {
@@ -549,6 +551,8 @@ def test_uncompressed_request_reports_default_stats():
         "scorer_resume": 0,
         "scorer_new_tokens": 0,
         "scorer_forward_ms": 0.0,
+        "lexical_units": 0,
+        "lexical_kept": 0,
         "view": {
             "mode": "off",
             "turn": 0,

@@ -255,3 +255,139 @@ def test_a_prompt_that_is_only_the_question_is_served_as_is(smollm2_tokenizer):
     )
     assert not out.compressed and out.served_ids == ids
     assert out.reason in ("prompt_too_short", "nothing_to_drop")
+
+
+# ---------------------------------------------------------------------------- lexical evidence
+
+
+def _decoy_scorer(decoy: str):
+    """Attention that favours the wrong text: all mass on the characters of `decoy`."""
+
+    def scorer(req, drafter):
+        begin = drafter.text.index(decoy)
+        end = begin + len(decoy)
+        mass = np.full(len(req.ids), 1e-6, dtype=np.float32)
+        for i, (b, e) in enumerate(drafter.offsets):
+            if b < end and e > begin:
+                mass[i] = 1.0
+        mass[req.query.begin : req.query.end] = 0.0
+        return ScoreResult(mass=mass / mass.sum())
+
+    return scorer
+
+
+def _compress_with(tokenizer, cfg, content, scorer, trace=None):
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": content},
+    ]
+    ids = tuple(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
+    inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=8192)
+    prepared = prepare(inp, config=cfg, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer)
+    return compress(
+        inp,
+        config=cfg,
+        target_tokenizer=tokenizer,
+        drafter_tokenizer=tokenizer,
+        scorer=lambda req: scorer(req, prepared.plan.drafter),
+        trace=trace,
+    )
+
+
+def test_lexical_evidence_keeps_the_needle_attention_misses(smollm2_tokenizer):
+    doc = _document()
+    decoy = doc[:3000]  # ~650 drafter tokens, more than the whole droppable budget
+    content = doc + "\n\n" + QUESTION
+    off = _compress_with(
+        smollm2_tokenizer, build_config(CFG, env={}), content, _decoy_scorer(decoy)
+    )
+    assert NEEDLE not in off.served_text
+    assert "lexical_units" not in off.stats
+    for mode in ("anchors", "cascade"):
+        cfg = build_config({**CFG, "select_lexical": mode}, env={})
+        on = _compress_with(smollm2_tokenizer, cfg, content, _decoy_scorer(decoy))
+        assert NEEDLE in on.served_text, mode
+        assert on.stats["lexical_units"] >= 1 and on.stats["lexical_kept"] >= 1
+        assert len(on.served_ids) <= int(len(off.served_ids) * 1.1)
+        assert on.served_text.endswith(QUESTION + "<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_lexical_evidence_keeps_a_question_asked_before_the_document(smollm2_tokenizer):
+    doc = _document()
+    content = QUESTION + "\n\n" + doc
+    scorer = _decoy_scorer(doc[4000:7000])
+    off = _compress_with(smollm2_tokenizer, build_config(CFG, env={}), content, scorer)
+    assert NEEDLE not in off.served_text
+    cfg = build_config({**CFG, "select_lexical": "anchors"}, env={})
+    on = _compress_with(smollm2_tokenizer, cfg, content, scorer)
+    assert QUESTION in on.served_text and NEEDLE in on.served_text
+
+
+def test_many_anchored_units_are_cut_at_the_budget(smollm2_tokenizer, tmp_path):
+    codes = [f"QX{7000 + 37 * i}" for i in range(60)]
+    lines = [f"Entry {c} belongs to the archive shelf number {i}." for i, c in enumerate(codes)]
+    content = (
+        _document() + "\n" + "\n".join(lines) + "\n\nWhich shelves hold " + " ".join(codes) + "?"
+    )
+    cfg = build_config(
+        {
+            **CFG,
+            "select_lexical": "anchors",
+            "anchor_query_tokens": 512,  # the whole list of codes is the question
+            "trace_path": str(tmp_path / "t.jsonl"),
+        },
+        env={},
+    )
+    writer = TraceWriter(cfg.trace_path)
+    out = _compress_with(smollm2_tokenizer, cfg, content, _decoy_scorer(content[:2000]), writer)
+    writer.close()
+    (rec,) = read_traces(cfg.trace_path)
+    assert out.stats["lexical_units"] >= len(codes)
+    assert 0 < out.stats["lexical_kept"] < out.stats["lexical_units"]
+    assert rec.retained_tokens <= rec.token_budget
+    assert len(rec.chunk_scores) == len(rec.segments) == out.stats["segments"]
+    forced = {i for i, f in enumerate(rec.forced_chunks) if f}
+    assert forced <= set(rec.selected_chunks)
+
+
+def test_lexical_share_leaves_room_for_attention(smollm2_tokenizer):
+    doc = _document()
+    decoy = doc[:3000]
+    content = doc + "\n\n" + QUESTION
+    kept = {}
+    for share in (1.0, 0.05):
+        cfg = build_config({**CFG, "select_lexical": "anchors", "lexical_max_share": share}, env={})
+        out = _compress_with(smollm2_tokenizer, cfg, content, _decoy_scorer(decoy))
+        kept[share] = (out.stats["lexical_kept"], NEEDLE in out.served_text)
+    # 5% of the droppable budget is less than the needle sentence: attention keeps the rest
+    assert kept[1.0][1] and not kept[0.05][1]
+    assert kept[0.05][0] < kept[1.0][0]
+
+
+RECENCY = 0.1  # mass scale of the recency band: 1/distance from the question
+
+
+def _recency_scorer(req, drafter):
+    """A small drafter's habit: a sink, a 1/distance recency band, and the needle at 3x its
+    neighbours — less mass than the chunks just before the question."""
+    n, q = len(req.ids), req.query.begin
+    j = np.arange(n)
+    mass = 1e-4 + RECENCY / np.maximum(q - j, 1)
+    mass[0] = 0.5
+    begin = drafter.text.rindex(NEEDLE)
+    end = begin + len(NEEDLE)
+    for i, (b, e) in enumerate(drafter.offsets):
+        if b < end and e > begin:
+            mass[i] *= 3.0
+    mass[q:] = 0.0
+    return ScoreResult(mass=(mass / mass.sum()).astype(np.float32))
+
+
+def test_position_prior_lets_the_needle_outrank_the_recency_band(smollm2_tokenizer):
+    content = _document() + "\n\n" + QUESTION
+    raw = _compress_with(smollm2_tokenizer, build_config(CFG, env={}), content, _recency_scorer)
+    assert NEEDLE not in raw.served_text
+    cfg = build_config({**CFG, "select_position_prior": "distance"}, env={})
+    lifted = _compress_with(smollm2_tokenizer, cfg, content, _recency_scorer)
+    assert NEEDLE in lifted.served_text
+    assert lifted.stats["kept_tokens"] <= raw.stats["kept_tokens"] + 64

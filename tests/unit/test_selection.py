@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pflash.config import build_config
 from pflash.errors import ConfigError
@@ -14,10 +16,12 @@ from pflash.selection import (
     build_candidates,
     fit_assembly_overhead,
     kept_spans,
+    promote_spans,
     resolve_score_kind,
     select_candidates,
     select_split,
     span_sums,
+    split_candidates,
 )
 from pflash.spans import Span, validate_spans
 
@@ -489,3 +493,97 @@ def test_kept_spans_merge_adjacent_candidates():
 def test_kept_spans_reject_unknown_ordinals():
     with pytest.raises(ValueError, match="ordinal"):
         kept_spans(_four(), (7,))
+
+
+# --------------------------------------------------------------------------- lexical promotion
+
+
+def _grid(n: int, chunk: int, query: Span) -> tuple[Candidates, np.ndarray]:
+    """Fixed-grid candidates over n drafter tokens with per-token scores 0..n-1."""
+    scores = np.arange(n, dtype=np.float32)
+    begin, end = fixed_grid(n, chunk)
+    cands = build_candidates(
+        (begin, end), scores, query=query, pinned=(), suffix_candidates=False, kind="sum"
+    )
+    return cands, scores
+
+
+def test_split_candidates_cuts_optional_candidates_at_unit_edges_and_keeps_mandatory_whole():
+    cands, scores = _grid(200, 64, Span(190, 200))
+    out = split_candidates(cands, [10, 20, 150, 170, 64], scores, kind="sum")
+    assert out.spans() == (
+        Span(0, 10),
+        Span(10, 20),
+        Span(20, 64),
+        Span(64, 128),
+        Span(128, 192),  # overlaps the query: mandatory, never cut
+        Span(192, 200),
+    )
+    assert out.mandatory.tolist() == [False, False, False, False, True, True]
+    assert out.ordinal.tolist() == [0, 1, 2, 3, 4, 5]
+    assert out.score.tolist() == [
+        float(sum(range(b, e))) for b, e in [s.as_list() for s in out.spans()]
+    ]
+    dense = split_candidates(cands, [10], scores, kind="density")
+    assert dense.score[0] == pytest.approx(4.5) and dense.score[1] == pytest.approx(36.5)
+
+
+def test_split_candidates_without_interior_cuts_returns_the_same_candidates():
+    cands, scores = _grid(200, 64, Span(190, 200))
+    assert split_candidates(cands, [0, 64, 128, 195], scores, kind="sum") is cands
+
+
+def test_promotion_skips_a_span_that_does_not_fit_and_takes_the_next():
+    cands = Candidates.of([(0, 10), (10, 40), (40, 50), (50, 60)], [0, 0, 0, 0], [0, 0, 0, 1])
+    out, promoted = promote_spans(cands, [Span(10, 40), Span(42, 48)], budget=30)
+    # 20 tokens droppable: the 30-token span does not fit, the 10-token one does
+    assert promoted == 1
+    assert out.mandatory.tolist() == [False, False, True, True]
+    sel = select_candidates(out, budget=30)
+    assert sel.ok and 2 in sel.ordinals and sel.retained_tokens <= 30
+
+
+def test_promotion_share_limits_the_promoted_tokens():
+    cands = Candidates.of([(i, i + 10) for i in range(0, 100, 10)], [0.0] * 10)
+    spans = [Span(i, i + 10) for i in range(0, 100, 10)]
+    _, full = promote_spans(cands, spans, budget=60)
+    _, half = promote_spans(cands, spans, budget=60, share=0.5)
+    assert (full, half) == (6, 3)
+
+
+def test_promotion_is_a_no_op_when_mandatory_fills_the_budget():
+    cands = Candidates.of([(0, 10), (10, 20)], [1.0, 1.0], [False, True])
+    out, promoted = promote_spans(cands, [Span(0, 10)], budget=10)
+    assert promoted == 0 and out is cands
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=30),
+    data=st.data(),
+)
+def test_promotion_never_breaks_the_budget(lengths, data):
+    edges = np.concatenate(([0], np.cumsum(lengths)))
+    n = len(lengths)
+    mandatory = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    cands = Candidates.of(list(zip(edges[:-1], edges[1:], strict=True)), [1.0] * n, mandatory)
+    total = int(edges[-1])
+    spans = data.draw(
+        st.lists(
+            st.tuples(st.integers(0, total - 1), st.integers(1, 40)).map(
+                lambda t: Span(t[0], min(total, t[0] + t[1]))
+            ),
+            max_size=40,
+        )
+    )
+    budget = data.draw(st.integers(1, total))
+    share = data.draw(st.sampled_from([0.25, 0.5, 1.0]))
+    must = int(cands.lengths[cands.mandatory].sum())
+    out, promoted = promote_spans(cands, spans, budget=budget, share=share)
+    added = int(out.lengths[out.mandatory].sum()) - must
+    assert 0 <= added <= max(0, share * (budget - must))
+    assert promoted <= len(spans)
+    assert np.all(out.mandatory[cands.mandatory])  # nothing mandatory is released
+    if must <= budget:
+        sel = select_candidates(out, budget=budget)
+        assert sel.ok and sel.retained_tokens <= budget

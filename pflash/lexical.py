@@ -1,0 +1,651 @@
+"""Lexical evidence for strict selection: text that shares rare words with the question.
+
+Why: a small drafter (SmolLM2-135M) ranks evidence poorly by attention alone. At a 10%
+budget the needle, the several values under one key, the links of a variable chain or the
+function whose docstring the user quotes are often dropped, although the question names
+them. Retrieval questions repeat a rare key that also sits next to the answer (the
+reference's 4-gram anchors, ALGORITHM.md §4.1 step 3); multi-hop chains are linked by rare
+names that only the previous hop mentions (the transitive cascade, §4.2).
+
+This module works on **words of the drafter text**, not BPE tokens: BPE splits " magic" and
+"magic", "entries" and "entry" differently, words do not, and the result is the same for
+every tokenizer. Only the output spans are in **drafter tokens** (`Plan.drafter`).
+
+1. Units: the text cut at newlines and sentence ends (long lines in pieces of at most
+   `MAX_UNIT_CHARS`). A unit is what gets anchored and kept.
+2. Query pool: the questions of the latest user turn wherever they sit - at its edges, or
+   set as their own paragraph inside a pasted document (mode `question`) - or its last
+   `query_tokens` tokens (mode `tail`, the reference rule); plus the pinned question span
+   and the explicit `pflash_query`.
+3. Context: every word outside the query pool and the pinned spans.
+4. Anchors: a context unit holding a rare query word, or a query word n-gram (>= 2 words,
+   one of them not a stopword), that occurs in at most `ANCHOR_MAX_UNITS` units (and in at
+   most `COMMON_SHARE` of them). Scored by the IDF of the distinct query words it holds plus
+   a bonus for the longest shared n-gram. An indented hit also anchors its header line (the
+   `def` above a docstring line), scored just below it.
+5. Cascade (optional): starting from the anchors on a key (a query word or n-gram in at
+   most `rare_max_freq` units), rare words of anchored units (at most `rare_max_freq`
+   occurrences in the context, not query words) anchor the other units holding them, one
+   hop per round, each hop scoring `HOP_DECAY` of its parent; a round that would push the
+   anchored tokens over `cap_tokens` is reverted and ends the cascade.
+
+Pure: `re` and the standard library; nothing here knows about budgets beyond the cap.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal, NamedTuple
+
+from pflash.query import Plan
+from pflash.spans import Span, TokenizedText, canonicalize
+
+LexicalMode = Literal["anchors", "cascade"]
+LexicalQuery = Literal["question", "tail"]
+
+MAX_UNIT_CHARS = 400  # a longer line (minified text, a table row) is anchored in pieces
+MAX_NGRAM = 6  # words; longer shared runs score as 6
+ANCHOR_MAX_UNITS = 8  # a query word or n-gram in more units is a phrase, not a key (§4.1 max_hits)
+COMMON_SHARE = 0.10  # ... and so is one in more than this share of the units
+HOP_DECAY = 0.9  # cascade: a unit reached in hop k scores 0.9^k of its parent
+HEADER_WINDOW = 32  # lines searched upwards for an indented hit's header
+HEADER_GAP = 1e-3  # a header scores this much below its hit, so it is promoted right after
+
+STOPWORDS = frozenset(
+    """
+    a about above after again against all also am an and any are as at be because been
+    before being below between both but by can could did do does doing down during each
+    few for from further had has have having he her here hers herself him himself his how
+    i if in into is it its itself just me more most my myself no nor not now of off on
+    once only or other our ours ourselves out over own same she should so some such than
+    that the their theirs them themselves then there these they this those through to too
+    under until up very was we were what when where which while who whom whose why will
+    with would you your yours yourself yourselves shall may might must let us one ones
+    please tell give find list show answer question questions explain describe summarize
+    summarise return write according based given following mentioned provided context
+    document documents passage text article above below say says said mean means
+    user assistant system developer tool im_start im_end endoftext
+    """.split()
+)
+
+# Openers that make a sentence a question without a "?". Not "when", "where", "if", "is":
+# they open subordinate clauses and statements in prose just as often; not "return": every
+# pasted docstring opens with it.
+QUESTION_OPENERS = frozenset(
+    """
+    what which who whom whose why how list name find give answer explain summarize
+    summarise describe identify tell compare count extract determine provide write
+    """.split()
+)
+
+_WORD = re.compile(r"\w+")
+_LINE = re.compile(r"[^\n]+")
+_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s)")
+
+
+# ----------------------------------------------------------------------------- words and units
+
+
+class Word(NamedTuple):
+    """One word of the text: characters [begin, end), its normalized form, and whether it
+    is a stopword (never an anchor on its own). A tuple: a long prompt has ~10^5 words."""
+
+    begin: int
+    end: int
+    norm: str
+    stop: bool
+
+
+def normalize(word: str) -> str:
+    """Lower case with a light plural strip, so "Entries" ~ "entry", "numbers" ~ "number".
+
+    Deliberately crude (no stemmer): "-ies" -> "-y" and a final "s" dropped unless the word
+    ends in "ss", "us" or "is"; short words and digits are left alone.
+    """
+    w = word.lower()
+    if len(w) > 4 and w.endswith("ies"):
+        return w[:-3] + "y"
+    if len(w) > 3 and w.endswith("s") and not w.endswith(("ss", "us", "is")) and w.isalpha():
+        return w[:-1]
+    return w
+
+
+def words(text: str, begin: int = 0, end: int | None = None) -> list[Word]:
+    """The words (letters, digits, underscore; unicode-aware) of text[begin:end], in order,
+    with character offsets into `text`."""
+    return [
+        Word(m.start(), m.end(), *_classify(m.group()))
+        for m in _WORD.finditer(text, begin, len(text) if end is None else end)
+    ]
+
+
+@lru_cache(maxsize=1 << 16)
+def _classify(raw: str) -> tuple[str, bool]:
+    """(normalized form, is a stopword); cached: a prompt repeats its vocabulary."""
+    return normalize(raw), raw.lower() in STOPWORDS
+
+
+def split_units(
+    text: str, begin: int = 0, end: int | None = None, *, max_chars: int | None = MAX_UNIT_CHARS
+) -> list[tuple[int, int]]:
+    """Character ranges of the units of text[begin:end]: lines cut at sentence ends,
+    stripped of surrounding whitespace, pieces longer than `max_chars` cut at a space (None:
+    whole sentences); ranges holding no word are dropped. Sorted and disjoint."""
+    stop = len(text) if end is None else end
+    out: list[tuple[int, int]] = []
+    for line in _LINE.finditer(text, begin, stop):
+        cut = line.start()
+        ends = [m.end() for m in _SENTENCE_END.finditer(text, line.start(), line.end())]
+        for e in [*ends, line.end()]:
+            out.extend(_pieces(text, cut, e, max_chars))
+            cut = e
+    return out
+
+
+def cut_long(
+    text: str, sentences: Iterable[tuple[int, int]], max_chars: int = MAX_UNIT_CHARS
+) -> list[tuple[int, int]]:
+    """`split_units(max_chars=None)` sentences cut into the units `split_units` gives."""
+    return [p for b, e in sentences for p in _pieces(text, b, e, max_chars)]
+
+
+def _pieces(text: str, begin: int, end: int, max_chars: int | None) -> Iterable[tuple[int, int]]:
+    while begin < end and text[begin].isspace():
+        begin += 1
+    while end > begin and text[end - 1].isspace():
+        end -= 1
+    while max_chars is not None and end - begin > max_chars:
+        space = text.rfind(" ", begin + max_chars // 2, begin + max_chars)
+        cut = space if space > begin else begin + max_chars
+        if _WORD.search(text, begin, cut):
+            yield begin, cut
+        begin = cut
+        while begin < end and text[begin].isspace():
+            begin += 1
+    if end > begin and _WORD.search(text, begin, end):
+        yield begin, end
+
+
+def is_question_like(sentence: str, *, closes_turn: bool = False) -> bool:
+    """A sentence that asks: it ends with "?", or it opens with a capitalized interrogative or
+    imperative word ("What ...", "List ...", "Find ...") and is a whole sentence (ends with
+    ".", "!" or ":", or `closes_turn`). Lower-case openers are not enough: `return x` in
+    pasted code is not a question; nor is a wrapped line "What we ... the" of a document."""
+    s = sentence.strip()
+    if s.endswith("?"):
+        return True
+    m = _WORD.match(s)
+    if not (m and m.group()[0].isupper() and m.group().lower() in QUESTION_OPENERS):
+        return False
+    return closes_turn or s.endswith((".", "!", ":"))
+
+
+# ----------------------------------------------------------------------------- evidence
+
+
+@dataclass(frozen=True)
+class LexicalParams:
+    """Knobs of `find_lexical_evidence` (config fields `select_lexical`, `lexical_*`,
+    `anchor_query_tokens`). `query_tokens` caps the query pool in drafter tokens;
+    `cap_tokens` is the cascade's ceiling on anchored drafter tokens (10x the budget in the
+    pipeline; None = no cap)."""
+
+    mode: LexicalMode = "anchors"
+    query: LexicalQuery = "question"
+    query_tokens: int = 96
+    rare_max_freq: int = 2
+    cascade_iters: int = 3
+    cap_tokens: int | None = None
+
+    @classmethod
+    def from_config(cls, config, *, cap_tokens: int | None) -> LexicalParams:
+        return cls(
+            mode=config.select_lexical,
+            query=config.lexical_query,
+            query_tokens=config.anchor_query_tokens,
+            rare_max_freq=config.lexical_rare_max_freq,
+            cascade_iters=config.lexical_cascade_iters,
+            cap_tokens=cap_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class AnchoredUnit:
+    """A context unit the question points at. `span`: drafter tokens. `score`: higher first
+    (IDF of the shared query words + n-gram bonus, decayed per cascade hop). `hop`: 0 for a
+    direct anchor, k for the k-th cascade round. `reason`: "anchor", "cascade" or "header"."""
+
+    span: Span
+    score: float
+    hop: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class LexicalEvidence:
+    """What the question shares with the context, for one prompt.
+
+    - `units`: anchored units, best first (score desc, then source order).
+    - `query_pool`: the text the query words were read from (drafter-token spans, canonical),
+      including the pinned question span.
+    - `question`: the pool's question-like sentences (mode `question`; empty for `tail`).
+      The pipeline keeps these first: the target cannot answer a question it never sees,
+      and one asked before a pasted document is not pinned.
+    """
+
+    units: tuple[AnchoredUnit, ...]
+    query_pool: tuple[Span, ...]
+    question: tuple[Span, ...] = ()
+
+    def cut_points(self) -> tuple[int, ...]:
+        """Drafter-token positions where candidates are cut, so each unit is its own."""
+        spans = (*self.question, *(u.span for u in self.units))
+        return tuple(sorted({p for s in spans for p in (s.begin, s.end)}))
+
+    def promotion_order(self) -> tuple[Span, ...]:
+        """Spans to keep first, in order: the question, then the units best first."""
+        return (*self.question, *(u.span for u in self.units))
+
+
+def find_lexical_evidence(
+    plan: Plan,
+    *,
+    pinned: Sequence[Span],
+    params: LexicalParams,
+    pflash_query: str | None = None,
+) -> LexicalEvidence:
+    """Anchored units of one prompt (see the module docstring for the rules).
+
+    `plan`: the prompt's plan (drafter tokens, latest user content, question span);
+    `pinned`: drafter-token spans kept anyway (their words are neither query nor context);
+    `pflash_query`: the explicit query text, if the client sent one.
+    """
+    drafter = plan.drafter
+    text = drafter.text
+    content = _content_chars(plan)
+    # no unit straddles the content's edges (a chat marker shares the question's line)
+    cb, ce = content
+    sentences = split_units(text, cb, ce, max_chars=None)
+    units = [*split_units(text, 0, cb), *cut_long(text, sentences), *split_units(text, ce)]
+    asked = (
+        _question_sentences(drafter, sentences, content, params.query_tokens)
+        if params.query == "question"
+        else []
+    )
+    pool_ranges = _query_pool(drafter, plan, content, params, asked)
+    pool_spans = canonicalize(drafter.token_span(b, e) for b, e in pool_ranges)
+    question = canonicalize(drafter.token_span(b, e) for b, e in asked)
+
+    pool_seqs = [words(text, b, e) for b, e in pool_ranges]
+    if pflash_query:
+        pool_seqs.append(words(pflash_query))
+    pool_seqs = [seq for seq in pool_seqs if seq]
+    query_words = {w.norm for seq in pool_seqs for w in seq if not w.stop}
+    if not query_words:
+        return LexicalEvidence((), pool_spans, question)
+    grams = _pool_ngrams(pool_seqs)
+
+    excluded = _merge_ranges([*pool_ranges, *(drafter.char_span(s) for s in pinned)])
+    context = _context_words(text, units, excluded)
+    ctx = _Context(units, context, drafter)
+
+    scores, strong = _anchor_scores(ctx, query_words, grams, params.rare_max_freq)
+    found: dict[int, tuple[float, int, str]] = {u: (s, 0, "anchor") for u, s in scores.items()}
+    if params.mode == "cascade":
+        _cascade(ctx, found, strong, query_words, params)
+    out = [
+        AnchoredUnit(drafter.token_span(*units[u]), s, hop, reason)
+        for u, (s, hop, reason) in found.items()
+    ]
+    out.extend(_headers(text, units, found, excluded, drafter))
+    out = _best_per_span(out)
+    out.sort(key=lambda a: (-a.score, a.span.begin, a.span.end))
+    return LexicalEvidence(tuple(out), pool_spans, question)
+
+
+# ----------------------------------------------------------------------------- query pool
+
+
+def _content_chars(plan: Plan) -> tuple[int, int]:
+    """Characters of the latest user content; the whole text when there is none."""
+    if plan.content is not None and not plan.content.empty:
+        return plan.drafter.char_span(plan.content)
+    return 0, len(plan.drafter.text)
+
+
+def _query_pool(
+    drafter: TokenizedText,
+    plan: Plan,
+    content: tuple[int, int],
+    params: LexicalParams,
+    asked: Sequence[tuple[int, int]],
+) -> list[tuple[int, int]]:
+    """Character ranges of the query pool, merged: the question sentences `asked` (mode
+    `question`) or the last `query_tokens` tokens of the content (mode `tail`, the
+    reference rule), plus the pinned question span (the explicit query, or the scorer's
+    window)."""
+    ranges = list(asked)
+    if params.query == "tail":
+        span = drafter.token_span(*content)
+        tail = Span(max(span.begin, span.end - params.query_tokens), span.end)
+        if not tail.empty:
+            ranges.append(drafter.char_span(tail))
+    if not plan.query_span.empty:
+        ranges.append(drafter.char_span(plan.query_span))
+    return _merge_ranges(ranges)
+
+
+def _question_sentences(
+    drafter: TokenizedText,
+    inside: Sequence[tuple[int, int]],
+    content: tuple[int, int],
+    query_tokens: int,
+) -> list[tuple[int, int]]:
+    """Character ranges of the content's questions, in the order they join the pool.
+    `inside`: the content's whole sentences (`split_units(max_chars=None)`).
+
+    1. The question blocks at the content's edges: the edge sentence when it asks
+       (`is_question_like`; the last one may omit its final "."), then the "?" sentences
+       next to it in the same paragraph. A turn's question sits before or after the pasted
+       text far more often than in its middle.
+    2. Only when no edge block holds a "?": the "?" sentences set as their own paragraph
+       anywhere ("\n\nQuestion: ...?\n\n"), nearest to an edge first: a question asked
+       in the middle of the text ("answer the question given inside the document").
+    Other "?" sentences are the document's own: long documents hold many, and their words
+    would anchor unrelated text. The pool takes these while they fit `query_tokens`
+    (`_fit_pool`); with none, the content's last sentence.
+    """
+    text = drafter.text
+    cb, ce = content
+    if not inside:
+        return []
+    last = inside[-1]
+
+    def asks(r: tuple[int, int]) -> bool:
+        return is_question_like(text[r[0] : r[1]], closes_turn=r == last)
+
+    asking: list[tuple[int, int]] = []
+    for edge in (inside, inside[::-1]):
+        for k, r in enumerate(edge):
+            if k == 0 and not asks(r):
+                break
+            if k > 0:
+                gap = text[min(r[1], edge[k - 1][1]) : max(r[0], edge[k - 1][0])]
+                if not text[r[0] : r[1]].endswith("?") or "\n\n" in gap:
+                    break
+            if r not in asking:
+                asking.append(r)
+    if any(text[b:e].endswith("?") for b, e in asking):
+        return _fit_pool(drafter, asking, query_tokens)
+    alone = [
+        r for r in inside if text[r[0] : r[1]].endswith("?") and _own_paragraph(text, r, cb, ce)
+    ]
+    alone.sort(key=lambda r: min(r[0] - cb, ce - r[1]))
+    asking += [r for r in alone if r not in asking]
+    return _fit_pool(drafter, asking or [last], query_tokens)
+
+
+def _fit_pool(
+    drafter: TokenizedText, asking: Sequence[tuple[int, int]], query_tokens: int
+) -> list[tuple[int, int]]:
+    """The sentences that fit `query_tokens` drafter tokens, in order; a first one longer
+    than that gives its last `query_tokens` tokens."""
+    ranges: list[tuple[int, int]] = []
+    left = query_tokens
+    for b, e in asking:
+        span = drafter.token_span(b, e)
+        if len(span) > left:
+            if ranges or left <= 0:
+                continue
+            # one question longer than the pool: its last tokens, as the tail rule
+            span = Span(span.end - left, span.end)
+            b = drafter.char_span(span)[0]
+        ranges.append((b, e))
+        left -= len(span)
+    return ranges
+
+
+def _own_paragraph(text: str, r: tuple[int, int], cb: int, ce: int) -> bool:
+    """The sentence `r` is a paragraph by itself: a blank line (or the content's edge) on
+    both sides."""
+    before = text[max(cb, r[0] - 64) : r[0]].rstrip(" \t")
+    after = text[r[1] : min(ce, r[1] + 64)].lstrip(" \t")
+    return (r[0] - cb <= len(before) and not before.strip() or before.endswith("\n\n")) and (
+        not after.strip() and ce - r[1] <= 64 or after.startswith("\n\n")
+    )
+
+
+def _pool_ngrams(pool_seqs: Sequence[Sequence[Word]]) -> set[tuple[str, ...]]:
+    """Every run of 2..MAX_NGRAM consecutive normalized words inside one pool range."""
+    grams: set[tuple[str, ...]] = set()
+    for seq in pool_seqs:
+        norms = [w.norm for w in seq]
+        for i in range(len(norms)):
+            for n in range(2, MAX_NGRAM + 1):
+                if i + n > len(norms):
+                    break
+                grams.add(tuple(norms[i : i + n]))
+    return grams
+
+
+def _merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    return [(s.begin, s.end) for s in canonicalize(Span(b, e) for b, e in ranges)]
+
+
+# ----------------------------------------------------------------------------- context
+
+
+def _context_words(
+    text: str, units: Sequence[tuple[int, int]], excluded: Sequence[tuple[int, int]]
+) -> list[list[tuple[str, bool]]]:
+    """Per unit, (normalized form, is a stopword) of each of its words outside every
+    excluded range. `units` and `excluded` are sorted and disjoint, so one cursor walks the
+    excluded ranges; a unit clear of them is read with one `findall`, and the pairs come
+    from the `_classify` cache (nothing allocated per word)."""
+    out: list[list[tuple[str, bool]]] = []
+    xi = 0
+    for b, e in units:
+        while xi < len(excluded) and excluded[xi][1] <= b:
+            xi += 1
+        if xi == len(excluded) or excluded[xi][0] >= e:
+            out.append([_classify(w) for w in _WORD.findall(text, b, e)])
+            continue
+        kept = []
+        for m in _WORD.finditer(text, b, e):
+            if not any(xb <= m.start() < xe for xb, xe in excluded[xi:] if xb < e):
+                kept.append(_classify(m.group()))
+        out.append(kept)
+    return out
+
+
+class _Context:
+    """Per-unit word sets and the frequencies the rules read (built once per prompt)."""
+
+    def __init__(
+        self,
+        units: Sequence[tuple[int, int]],
+        context: list[list[tuple[str, bool]]],
+        drafter: TokenizedText,
+    ):
+        self.units = units
+        self.words = context
+        self.sets = [{n for n, _ in ws} for ws in context]
+        self.n_units = max(1, sum(1 for s in self.sets if s))
+        self.unit_df = Counter(n for s in self.sets for n in s)
+        self.occurrences = Counter(n for ws in context for n, _ in ws)
+        self.anchor_limit = min(ANCHOR_MAX_UNITS, max(1, int(COMMON_SHARE * self.n_units)))
+        self.common_limit = max(1, int(COMMON_SHARE * self.n_units))
+        self.drafter = drafter
+
+    def idf(self, norm: str) -> float:
+        return math.log(1.0 + self.n_units / max(1, self.unit_df[norm]))
+
+    def tokens(self, unit_ids: Iterable[int]) -> int:
+        spans = (self.drafter.token_span(*self.units[u]) for u in unit_ids)
+        return sum(len(s) for s in canonicalize(spans))
+
+
+def _anchor_scores(
+    ctx: _Context, query_words: set[str], grams: set[tuple[str, ...]], rare_max_freq: int
+) -> tuple[dict[int, float], set[int]]:
+    """Unit -> score for every unit anchored by a rare query word or a rare shared n-gram,
+    and the strong anchors among them: a shared word or n-gram in at most `rare_max_freq`
+    units (a key, not a topic word; only these seed the cascade)."""
+    first_words = {g[0] for g in grams}
+    matched_grams: list[dict[tuple[str, ...], int]] = []
+    gram_df: Counter = Counter()
+    for ws in ctx.words:
+        norms = [n for n, _ in ws]
+        found: dict[tuple[str, ...], int] = {}
+        for i, n in enumerate(norms):
+            if n not in first_words:
+                continue
+            length = 1
+            while (
+                length < MAX_NGRAM
+                and i + length < len(norms)
+                and tuple(norms[i : i + length + 1]) in grams
+            ):
+                length += 1
+            if length >= 2 and not all(stop for _, stop in ws[i : i + length]):
+                found[tuple(norms[i : i + length])] = length
+        matched_grams.append(found)
+        gram_df.update(found.keys())
+
+    scores: dict[int, float] = {}
+    strong: set[int] = set()
+    for u, shared in enumerate(ctx.sets):
+        hits = shared & query_words
+        gram_hits = {g: n for g, n in matched_grams[u].items() if gram_df[g] <= ctx.anchor_limit}
+        rare = [w for w in hits if ctx.unit_df[w] <= ctx.anchor_limit]
+        if not rare and not gram_hits:
+            continue
+        score = sum(ctx.idf(w) for w in hits if ctx.unit_df[w] <= ctx.common_limit)
+        score += max(gram_hits.values(), default=1) - 1
+        scores[u] = score
+        if any(ctx.unit_df[w] <= rare_max_freq for w in rare) or any(
+            gram_df[g] <= rare_max_freq for g in gram_hits
+        ):
+            strong.add(u)
+    return scores, strong
+
+
+def _cascade(
+    ctx: _Context,
+    found: dict[int, tuple[float, int, str]],
+    seeds: set[int],
+    query_words: set[str],
+    params: LexicalParams,
+) -> None:
+    """Follow rare words out of the anchored units, one hop per round (§4.2 on words).
+
+    Seeds of round 1 are the strong anchors (a topic word shared with the question would
+    start chains through unrelated text), of round k the units reached in round k-1. A rare
+    word occurs at most `rare_max_freq` times in the context (and at least twice, or it
+    links nothing), is no stopword and no query word. Mutates `found`.
+    """
+    holders: dict[str, list[int]] = defaultdict(list)
+    for u, ws in enumerate(ctx.sets):
+        for n in ws:
+            if 2 <= ctx.occurrences[n] <= params.rare_max_freq:
+                holders[n].append(u)
+    stop_norms = {n for ws in ctx.words for n, stop in ws if stop}
+    for hop in range(1, params.cascade_iters + 1):
+        reached: dict[int, float] = {}
+        for u in sorted(seeds):
+            parent = found[u][0]
+            for n in ctx.sets[u]:
+                if n in query_words or n in stop_norms or n not in holders:
+                    continue
+                for v in holders[n]:
+                    if v not in found:
+                        reached[v] = max(reached.get(v, 0.0), parent * HOP_DECAY)
+        if not reached:
+            return
+        if params.cap_tokens is not None and ctx.tokens([*found, *reached]) > params.cap_tokens:
+            return  # this round would anchor too much: revert it and stop
+        for v, s in reached.items():
+            found[v] = (s, hop, "cascade")
+        seeds = set(reached)
+
+
+# ----------------------------------------------------------------------------- code headers
+
+
+def _headers(
+    text: str,
+    units: Sequence[tuple[int, int]],
+    found: dict[int, tuple[float, int, str]],
+    excluded: Sequence[tuple[int, int]],
+    drafter: TokenizedText,
+) -> list[AnchoredUnit]:
+    """For each anchored unit on an indented line, the nearest non-blank line above (within
+    `HEADER_WINDOW` lines) with strictly smaller indentation, when it opens a block: the
+    `def`/`class` line that names the function a matched docstring line belongs to. Scored
+    just below the hit."""
+    out = []
+    for u, (score, hop, _) in found.items():
+        b = units[u][0]
+        line_start = text.rfind("\n", 0, b) + 1
+        indent = _indent(text, line_start)
+        if indent == 0:
+            continue
+        end = line_start - 1  # the "\n" ending the line above
+        for _ in range(HEADER_WINDOW):
+            if end < 0:
+                break
+            start = text.rfind("\n", 0, end) + 1
+            line = text[start:end]
+            if line.strip():
+                if _indent(text, start) < indent:
+                    lb = start + (len(line) - len(line.lstrip()))
+                    le = start + len(line.rstrip())
+                    if _opens_block(text[lb:le]) and not any(
+                        xb < le and lb < xe for xb, xe in excluded
+                    ):
+                        span = drafter.token_span(lb, le)
+                        out.append(AnchoredUnit(span, score - HEADER_GAP, hop, "header"))
+                    break
+            end = start - 1
+    return out
+
+
+_BLOCK_KEYWORDS = frozenset(
+    "def class function fn func fun async struct impl interface trait module namespace".split()
+)
+
+
+def _opens_block(line: str) -> bool:
+    """A line that opens an indented block: it ends with ":" or "{", or starts with a
+    definition keyword. Why: in prose an indented paragraph's "header" is just the previous
+    paragraph's last line, and keeping it buys nothing."""
+    m = _WORD.match(line)
+    return line.endswith((":", "{")) or bool(m and m.group() in _BLOCK_KEYWORDS)
+
+
+def _indent(text: str, line_start: int) -> int:
+    """Leading whitespace width of the line starting at `line_start` (a tab counts 4)."""
+    width = 0
+    for ch in text[line_start : line_start + 256]:
+        if ch == " ":
+            width += 1
+        elif ch == "\t":
+            width += 4
+        else:
+            break
+    return width
+
+
+def _best_per_span(units: Iterable[AnchoredUnit]) -> list[AnchoredUnit]:
+    best: dict[Span, AnchoredUnit] = {}
+    for a in units:
+        if a.span.empty:
+            continue
+        if a.span not in best or a.score > best[a.span].score:
+            best[a.span] = a
+    return list(best.values())

@@ -1,0 +1,317 @@
+"""Lexical evidence (pflash/lexical.py): anchors, the question pool, the cascade, headers.
+
+Prompts are built the way users send them (chat messages rendered and planned by
+`prepare` with the real SmolLM2 tokenizer); what is asserted is which text gets anchored.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pflash.chat import render_chat
+from pflash.config import build_config
+from pflash.lexical import (
+    LexicalParams,
+    find_lexical_evidence,
+    is_question_like,
+    normalize,
+    split_units,
+    words,
+)
+from pflash.pipeline import PromptInput, prepare
+
+NEEDLE = "The special magic quokka number is: 7318842."
+QUESTION = "What is the special magic quokka number?"
+
+
+def _filler(chars: int = 12000) -> str:
+    return open("/usr/share/common-licenses/GPL-3").read()[:chars]
+
+
+def _prepared(tokenizer, content: str, **cfg):
+    config = build_config(
+        {"mode": "always", "keep_ratio": 0.1, "select_chunk_size": 64, **cfg}, env={}
+    )
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": content},
+    ]
+    ids = tuple(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
+    inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=16384)
+    prepared = prepare(inp, config=config, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer)
+    assert prepared.compress
+    return prepared
+
+
+def _evidence(prepared, mode="anchors", query="question", cap_tokens=None, **params):
+    return find_lexical_evidence(
+        prepared.plan,
+        pinned=prepared.budget.pinned,
+        params=LexicalParams(mode=mode, query=query, cap_tokens=cap_tokens, **params),
+        pflash_query=prepared.input.pflash_query,
+    )
+
+
+def _text(prepared, span) -> str:
+    d = prepared.plan.drafter
+    b, e = d.char_span(span)
+    return d.text[b:e].strip()
+
+
+def _with_needle(doc: str, needle: str = NEEDLE) -> str:
+    mid = doc.index("\n\n", len(doc) // 2)
+    return doc[:mid] + "\n\n" + needle + doc[mid:]
+
+
+# ----------------------------------------------------------------------------- words
+
+
+def test_plural_and_case_variants_normalize_to_one_word():
+    assert normalize("Entries") == normalize("entry") == "entry"
+    assert normalize("numbers") == normalize("Number") == "number"
+    assert normalize("class") == "class" and normalize("status") == "status"
+    assert normalize("7318842") == "7318842"
+
+
+def test_words_carry_offsets_and_flag_stopwords():
+    text = "What is the quokka_id of Zoë?"
+    ws = words(text)
+    assert [text[w.begin : w.end] for w in ws] == ["What", "is", "the", "quokka_id", "of", "Zoë"]
+    assert [w.stop for w in ws] == [True, True, True, False, True, False]
+
+
+def test_units_split_at_lines_and_sentence_ends():
+    text = "First one. Second one!\n  indented line\n\nlast? tail"
+    units = [text[b:e] for b, e in split_units(text)]
+    assert units == ["First one.", "Second one!", "indented line", "last?", "tail"]
+
+
+@pytest.mark.parametrize(
+    ("sentence", "asks"),
+    [
+        ("What is the special magic quokka number?", True),
+        ("the value please?", True),
+        ("List every port the server opens.", True),
+        ("When we speak of free software, we are referring to freedom, not", False),
+        ("return total / count", False),
+        ("What we call freedom is the freedom to", False),
+    ],
+)
+def test_question_like_sentences(sentence, asks):
+    assert is_question_like(sentence) is asks
+
+
+# ----------------------------------------------------------------------------- anchors
+
+
+@pytest.mark.parametrize("where", ["after", "before", "middle"])
+def test_needle_sharing_a_rare_key_with_the_question_is_the_top_anchor(smollm2_tokenizer, where):
+    doc = _with_needle(_filler())
+    if where == "after":
+        content = doc + "\n\n" + QUESTION
+    elif where == "before":
+        content = QUESTION + "\n\n" + doc
+    else:
+        cut = doc.index("\n\n", len(doc) // 4)
+        content = doc[:cut] + "\n\n" + QUESTION + "\n\n" + doc[cut:]
+    prepared = _prepared(smollm2_tokenizer, content)
+    ev = _evidence(prepared)
+    assert ev.units, "the needle shares 'quokka' with the question"
+    assert _text(prepared, ev.units[0].span) == NEEDLE
+    assert ev.units[0].hop == 0 and ev.units[0].reason == "anchor"
+    assert [_text(prepared, s) for s in ev.question] == [QUESTION]
+    scores = [u.score for u in ev.units]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_a_question_inside_the_document_is_found_among_docstring_orders(smollm2_tokenizer):
+    """Pasted docstrings open with imperatives and ask their own "?" questions; only the
+    turn's edges and a question set as its own paragraph make the pool."""
+    lines = [f"Return the {w} of the turtle pen. Does it support {w} mode?" for w in _WORDS]
+    head, tail = "\n".join(lines[:20]), "\n".join(lines[20:])
+    content = (
+        f"Read the document below.\n\n{head}\n{NEEDLE}\n{tail}\n\n{QUESTION}\n\n"
+        f"{tail}\n\nAnswer the question given inside the document."
+    )
+    prepared = _prepared(smollm2_tokenizer, content)
+    ev = _evidence(prepared)
+    assert [_text(prepared, s) for s in ev.question] == [
+        QUESTION,
+        "Answer the question given inside the document.",
+    ]
+    assert _text(prepared, ev.units[0].span) == NEEDLE
+
+
+_WORDS = (
+    "colour width shape speed heading position stretch outline tilt fill visibility "
+    "undo buffer delay tracer mode screen canvas title cursor radius extent steps angle "
+    "origin scale stamp marker trail shadow ink brush"
+).split()
+
+
+def test_tail_query_misses_a_question_placed_before_the_document(smollm2_tokenizer):
+    """The reference's pool (the last tokens of the turn) cannot see an early question."""
+    prepared = _prepared(smollm2_tokenizer, QUESTION + "\n\n" + _with_needle(_filler()))
+    tail = _evidence(prepared, query="tail")
+    assert tail.question == ()
+    assert not any(_text(prepared, u.span) == NEEDLE for u in tail.units)
+    assert _text(prepared, _evidence(prepared).units[0].span) == NEEDLE
+
+
+def test_explicit_pflash_query_words_anchor(smollm2_tokenizer):
+    doc = _with_needle(_filler(), "The wombat registry code is 55120.")
+    prepared = _prepared(smollm2_tokenizer, doc + "\n\nPlease help.")
+    assert not any("wombat" in _text(prepared, u.span) for u in _evidence(prepared).units)
+    ev = find_lexical_evidence(
+        prepared.plan,
+        pinned=prepared.budget.pinned,
+        params=LexicalParams(),
+        pflash_query="wombat registry",
+    )
+    assert _text(prepared, ev.units[0].span) == "The wombat registry code is 55120."
+
+
+def test_stopword_only_overlap_anchors_nothing(smollm2_tokenizer):
+    doc = "\n".join(
+        f"Line {i}: it is what they were about to do, and so it was." for i in range(60)
+    )
+    prepared = _prepared(smollm2_tokenizer, doc + "\n\nWhat is it that they were about to do?")
+    ev = _evidence(prepared, mode="cascade")
+    assert ev.units == ()
+    assert ev.query_pool  # the question itself is still found
+
+
+def test_a_word_in_many_units_is_no_anchor(smollm2_tokenizer):
+    doc = "\n".join(f"Record {i}: the ledger balance moved by {i * 7} units." for i in range(80))
+    prepared = _prepared(smollm2_tokenizer, doc + "\n\nWhat does the ledger say?")
+    assert _evidence(prepared).units == ()
+
+
+def test_several_values_under_one_key_are_all_anchored(smollm2_tokenizer):
+    doc = _filler(16000)
+    values = ["4417", "9023", "1188", "6650"]
+    paras = doc.split("\n\n")
+    step = len(paras) // (len(values) + 1)
+    for k, v in enumerate(values, start=1):
+        paras.insert(
+            k * step + k - 1, f"One of the special magic numbers for ochre-lantern is: {v}."
+        )
+    content = "\n\n".join(paras) + "\n\nWhat are all the special magic numbers for ochre-lantern?"
+    prepared = _prepared(smollm2_tokenizer, content)
+    ev = _evidence(prepared)
+    top = {_text(prepared, u.span) for u in ev.units[: len(values)]}
+    assert top == {f"One of the special magic numbers for ochre-lantern is: {v}." for v in values}
+
+
+# ----------------------------------------------------------------------------- cascade
+
+CHAIN = [
+    "VAR ABCDE = 12345.",
+    "VAR FGHIJ = VAR ABCDE.",
+    "VAR KLMNO = VAR FGHIJ.",
+    "VAR PQRTU = VAR KLMNO.",
+]
+DISTRACTOR = [
+    "VAR ZYXWV = 67890.",
+    "VAR UTRQP = VAR ZYXWV.",
+    "VAR ONMLK = VAR UTRQP.",
+    "VAR JIHGF = VAR ONMLK.",
+]
+CHAIN_QUESTION = "Find all variables that are assigned the value 12345."
+
+
+def _chain_prompt(tokenizer):
+    paras = _filler(16000).split("\n\n")
+    lines = [x for pair in zip(CHAIN, DISTRACTOR, strict=True) for x in pair]
+    step = len(paras) // (len(lines) + 1)
+    for k, line in enumerate(lines, start=1):
+        paras.insert(k * step + k - 1, line)
+    return _prepared(tokenizer, "\n\n".join(paras) + "\n\n" + CHAIN_QUESTION)
+
+
+def test_cascade_follows_a_three_hop_chain_and_leaves_the_distractor(smollm2_tokenizer):
+    prepared = _chain_prompt(smollm2_tokenizer)
+    ev = _evidence(prepared, mode="cascade", rare_max_freq=2, cascade_iters=3)
+    hops = {_text(prepared, u.span): u.hop for u in ev.units}
+    assert [hops.get(line) for line in CHAIN] == [0, 1, 2, 3]
+    assert not set(DISTRACTOR) & set(hops)
+    by_line = {_text(prepared, u.span): u.score for u in ev.units}
+    assert by_line[CHAIN[0]] > by_line[CHAIN[1]] > by_line[CHAIN[2]] > by_line[CHAIN[3]]
+
+
+def test_anchors_alone_keep_only_the_first_hop(smollm2_tokenizer):
+    prepared = _chain_prompt(smollm2_tokenizer)
+    texts = {_text(prepared, u.span) for u in _evidence(prepared, mode="anchors").units}
+    assert CHAIN[0] in texts and not set(CHAIN[1:]) & texts
+
+
+def test_cascade_stops_after_the_configured_rounds(smollm2_tokenizer):
+    prepared = _chain_prompt(smollm2_tokenizer)
+    texts = {
+        _text(prepared, u.span) for u in _evidence(prepared, mode="cascade", cascade_iters=1).units
+    }
+    assert set(CHAIN[:2]) <= texts and not set(CHAIN[2:]) & texts
+
+
+def test_a_cascade_round_over_the_cap_is_reverted(smollm2_tokenizer):
+    prepared = _chain_prompt(smollm2_tokenizer)
+    direct = _evidence(prepared, mode="anchors")
+    anchored = sum(len(u.span) for u in direct.units)
+    capped = _evidence(prepared, mode="cascade", cap_tokens=anchored)
+    assert {u.span for u in capped.units} == {u.span for u in direct.units}
+
+
+# ----------------------------------------------------------------------------- code headers
+
+CODE = '''
+class Archive:
+    """A bundle of stored files."""
+
+    def open_member(self, name):
+        """Open one stored file of the bundle for reading."""
+        return self._members[name].open()
+
+    def rolling_checksum(self, data):
+        """Compute the rolling adler checksum of one block.
+
+        The window slides by one byte at a time.
+        """
+        total = 1
+        for byte in data:
+            total = (total + byte) % 65521
+        return total
+
+    def close(self):
+        """Release the file handle."""
+        self._handle.close()
+
+
+def parse_header(line):
+    """Split a raw header line into its name and value."""
+    name, _, value = line.partition(":")
+    return name.strip(), value.strip()
+
+
+def merge_settings(base, extra):
+    """Overlay user settings on the defaults, key by key."""
+    out = dict(base)
+    out.update(extra)
+    return out
+'''
+
+
+def test_header_rule_keeps_the_def_line_above_a_matched_docstring_line(smollm2_tokenizer):
+    filler = "\n".join(f"def helper_{i}(x):\n    return x + {i}\n" for i in range(40))
+    content = (
+        filler
+        + CODE
+        + '\nWhich function says "The window slides by one byte at a time"? Give its name.'
+    )
+    prepared = _prepared(smollm2_tokenizer, content)
+    ev = _evidence(prepared)
+    texts = [_text(prepared, u.span) for u in ev.units]
+    hit = texts.index("The window slides by one byte at a time.")
+    header = texts.index("def rolling_checksum(self, data):")
+    assert ev.units[header].reason == "header"
+    assert ev.units[header].score < ev.units[hit].score
+    assert header == hit + 1  # ranked right after its hit
