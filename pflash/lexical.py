@@ -23,6 +23,9 @@ every tokenizer. Only the output spans are in **drafter tokens** (`Plan.drafter`
    most `COMMON_SHARE` of them). Scored by the IDF of the distinct query words it holds plus
    a bonus for the longest shared n-gram. An indented hit also anchors its header line (the
    `def` above a docstring line), scored just below it.
+   A unit that only shares a longer phrase with the question (>= 3 words, two of them
+   content words) that many units repeat - the log lines a counting question is about -
+   is anchored in the lowest tier: after every key, before attention.
 5. Cascade (optional): starting from the anchors on a key (a query word or n-gram in at
    most `rare_max_freq` units), rare words of anchored units (at most `rare_max_freq`
    occurrences in the context, not query words) anchor the other units holding them, one
@@ -52,6 +55,9 @@ MAX_UNIT_CHARS = 400  # a longer line (minified text, a table row) is anchored i
 MAX_NGRAM = 6  # words; longer shared runs score as 6
 ANCHOR_MAX_UNITS = 8  # a query word or n-gram in more units is a phrase, not a key (§4.1 max_hits)
 COMMON_SHARE = 0.10  # ... and so is one in more than this share of the units
+PHRASE_MIN_WORDS = 3  # a phrase of the question repeated in many units: "keyword log entry"
+PHRASE_MAX_SHARE = 0.5  # ... but not in most of them (boilerplate)
+PHRASE_SCORE = 1e-3  # per phrase word: phrase units rank after every key anchor and hop
 HOP_DECAY = 0.9  # cascade: a unit reached in hop k scores 0.9^k of its parent
 HEADER_WINDOW = 32  # lines searched upwards for an indented hit's header
 HEADER_GAP = 1e-3  # a header scores this much below its hit, so it is promoted right after
@@ -499,7 +505,8 @@ def _anchor_scores(
     first_words = {g[0] for g in grams}
     matched_grams: list[dict[tuple[str, ...], int]] = []
     gram_df: Counter = Counter()
-    for ws in ctx.words:
+    phrases: dict[int, int] = {}  # unit -> longest shared phrase (>= PHRASE_MIN_WORDS words)
+    for u_index, ws in enumerate(ctx.words):
         norms = [n for n, _ in ws]
         found: dict[tuple[str, ...], int] = {}
         for i, n in enumerate(norms):
@@ -512,8 +519,11 @@ def _anchor_scores(
                 and tuple(norms[i : i + length + 1]) in grams
             ):
                 length += 1
-            if length >= 2 and not all(stop for _, stop in ws[i : i + length]):
+            content_words = sum(not stop for _, stop in ws[i : i + length])
+            if length >= 2 and content_words:
                 found[tuple(norms[i : i + length])] = length
+                if length >= PHRASE_MIN_WORDS and content_words >= 2:
+                    phrases[u_index] = max(phrases.get(u_index, 0), length)
         matched_grams.append(found)
         gram_df.update(found.keys())
 
@@ -524,6 +534,9 @@ def _anchor_scores(
         gram_hits = {g: n for g, n in matched_grams[u].items() if gram_df[g] <= ctx.anchor_limit}
         rare = [w for w in hits if ctx.unit_df[w] <= ctx.anchor_limit]
         if not rare and not gram_hits:
+            common = [g for g in matched_grams[u] if gram_df[g] <= PHRASE_MAX_SHARE * ctx.n_units]
+            if u in phrases and any(len(g) >= PHRASE_MIN_WORDS for g in common):
+                scores[u] = PHRASE_SCORE * phrases[u]  # the lowest tier: after every key
             continue
         score = sum(ctx.idf(w) for w in hits if ctx.unit_df[w] <= ctx.common_limit)
         score += max(gram_hits.values(), default=1) - 1

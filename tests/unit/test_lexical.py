@@ -203,6 +203,29 @@ def test_several_values_under_one_key_are_all_anchored(smollm2_tokenizer):
     assert top == {f"One of the special magic numbers for ochre-lantern is: {v}." for v in values}
 
 
+def test_lines_repeating_a_question_phrase_anchor_in_the_lowest_tier(smollm2_tokenizer):
+    """A counting question names the log lines it is about; they are many, so no single
+    line is a key, but they still rank before attention (after any key anchor)."""
+    paras = _filler(12000).split("\n\n")
+    words_ = ["amber", "birch", "cedar", "delta"] * 5
+    for k, w in enumerate(words_):
+        paras.insert(1 + k * (len(paras) // len(words_)), f"Keyword log entry: {w}.")
+    paras.insert(len(paras) // 2, NEEDLE)
+    content = "\n\n".join(paras) + (
+        "\n\nWhich keywords appear most often in the keyword log entries? " + QUESTION
+    )
+    prepared = _prepared(smollm2_tokenizer, content)
+    ev = _evidence(prepared)
+    texts = [_text(prepared, u.span) for u in ev.units]
+    assert texts[0] == NEEDLE  # the key anchor first
+    logs = [t for t in texts if t.startswith("Keyword log entry:")]
+    assert len(logs) == len(words_)
+    needle_score = ev.units[0].score
+    assert all(
+        u.score < needle_score / 100 for u in ev.units[1:] if _text(prepared, u.span) in logs
+    )
+
+
 # ----------------------------------------------------------------------------- cascade
 
 CHAIN = [
