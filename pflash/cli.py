@@ -65,6 +65,19 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
     add_arguments(train)
 
 
+def _add_head(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("head", help="trained scoring head: train it for a drafter")
+    actions = p.add_subparsers(dest="head_command", required=True)
+    train = actions.add_parser(
+        "train",
+        help="train the scoring head (q/k projections of the scoring layer) on retrieval "
+        "prompts over real text and write its GGUF",
+    )
+    from pflash.head_train import add_arguments
+
+    add_arguments(train)
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     from pflash.bench.suite import add_arguments
 
@@ -87,14 +100,27 @@ def _add_trace(sub: argparse._SubParsersAction) -> None:
     )
 
 
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="measure the drafter's scoring layer and per-head weights on needle prompts and "
+        "write a calibration file (drafter_calibration)",
+    )
+    from pflash.calibrate import add_arguments
+
+    add_arguments(p)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pflash", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_plan(sub)
     _add_compress(sub)
     _add_probe(sub)
+    _add_head(sub)
     _add_bench(sub)
     _add_trace(sub)
+    _add_calibrate(sub)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "plan":
@@ -109,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         from pflash.probe_train import run_train
 
         return run_train(args)
+    if args.command == "head" and args.head_command == "train":
+        from pflash.head_train import run_train as run_head_train
+
+        return run_head_train(args)
     if args.command == "bench":
         from pflash.bench.suite import run_bench
 
@@ -117,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         from pflash.trace_view import run_trace_view
 
         return run_trace_view(args)
+    if args.command == "calibrate":
+        from pflash.calibrate import run_calibrate
+
+        return run_calibrate(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

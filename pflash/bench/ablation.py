@@ -236,7 +236,9 @@ def run_case(case: BenchCase, engine: AblationEngine, llmlingua=None) -> list[Tu
 
 
 def retention_table(rows: Sequence[TurnResult], order: Sequence[str]) -> str:
-    """Markdown: evidence retention per family × variant, the overall line, median ms."""
+    """Markdown: evidence retention per family × variant, the pooled line (every evidence
+    string counts once, so a family with many strings weighs more), the mean over turns
+    (every turn counts once), and the median compression time."""
     by: dict[tuple[str, str], list[TurnResult]] = defaultdict(list)
     families: list[str] = []
     for r in rows:
@@ -259,6 +261,13 @@ def retention_table(rows: Sequence[TurnResult], order: Sequence[str]) -> str:
     lines.append(
         f"| **all** | {len(every[methods[0]])} | "
         + " | ".join(f"**{pct(every[m])}**" for m in methods)
+        + " |"
+    )
+    lines.append(
+        "| mean per turn | | "
+        + " | ".join(
+            f"{100 * statistics.fmean(r.retention for r in every[m]):.0f}%" for m in methods
+        )
         + " |"
     )
     lines.append(

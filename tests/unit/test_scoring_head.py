@@ -149,3 +149,15 @@ def test_missing_head_file_and_legacy_selection_with_a_head_refuse_to_start(draf
         base_scorer(loaded, scoring_head_gguf=str(tmp_path / "missing.gguf"))
     with pytest.raises(ConfigError, match="strict selection"):
         base_scorer(loaded, scoring_head_gguf=str(root / "anything.gguf"), select_mode="legacy")
+
+
+def test_a_head_for_another_scoring_layer_is_refused_naming_drafter_head_layer(drafter):
+    root, loaded = drafter
+    base = base_scorer(loaded)
+    q, k = untrained_head_weights(base)
+    ident = dataclasses.replace(
+        base.head_identity(), feature_tap="post_block1_residual_before_block2"
+    )
+    path = save_scoring_head(root / "other-layer.gguf", ident, q, k)
+    with pytest.raises(ModelUnavailable, match="feature_tap.*drafter_head_layer"):
+        base_scorer(loaded, scoring_head_gguf=str(path))
