@@ -164,16 +164,9 @@ def compress_request(
         pflash_required=request.pflash_required,
     )
     scorer = DrafterScorer(config, load_drafter(config.drafter))
-    probe = None
-    if config.segment_probe_gguf and config.select_segments != "fixed":
-        from pflash.models.probe import (
-            load_segment_probe,
-            resolve_probe_path,
-            scorer_probe_identity,
-        )
+    from pflash.models.probe import probe_for
 
-        path = resolve_probe_path(config.segment_probe_gguf, config.drafter)
-        probe = load_segment_probe(path, scorer_probe_identity(scorer))
+    probe = probe_for(config, scorer)
     trace = TraceWriter(config.trace_path) if config.trace_path else None
     try:
         result = compress(

@@ -76,7 +76,8 @@ STOPWORDS = frozenset(
     summarise return write according based given following mentioned provided context
     document documents passage text article above below say says said mean means
     user assistant system developer tool im_start im_end endoftext
-    """.split()
+    sure really okay ok thanks thank yes yeah hi hello again still actually certain
+    """.split()  # the last line: a follow-up's discourse words ("Are you sure?") ask nothing
 )
 
 # Openers that make a sentence a question without a "?". Not "when", "where", "if", "is":

@@ -127,19 +127,10 @@ class AblationEngine:
 
     def _scorer(self, config):
         from pflash.models.drafter import DrafterScorer
+        from pflash.models.probe import probe_for
 
         scorer = DrafterScorer(config, self.loaded)
-        probe = None
-        if config.segment_probe_gguf and config.select_segments != "fixed":
-            from pflash.models.probe import (
-                load_segment_probe,
-                resolve_probe_path,
-                scorer_probe_identity,
-            )
-
-            path = resolve_probe_path(config.segment_probe_gguf, config.drafter)
-            probe = load_segment_probe(path, scorer_probe_identity(scorer))
-        return scorer, probe
+        return scorer, probe_for(config, scorer)
 
     def encode(self, messages: list[dict]) -> tuple[int, ...]:
         from pflash.chat import render_chat

@@ -240,16 +240,9 @@ class InProcessEngine:
         self.drafter_tokenizer = load_tokenizer(config.drafter_tokenizer or config.drafter)
         drafter = load_causal_lm(config.drafter)
         self.scorer = DrafterScorer(config, drafter)
-        self.probe = None
-        if config.segment_probe_gguf and config.select_segments != "fixed":
-            from pflash.models.probe import (
-                load_segment_probe,
-                resolve_probe_path,
-                scorer_probe_identity,
-            )
+        from pflash.models.probe import probe_for
 
-            path = resolve_probe_path(config.segment_probe_gguf, config.drafter)
-            self.probe = load_segment_probe(path, scorer_probe_identity(self.scorer))
+        self.probe = probe_for(config, self.scorer)
         target = drafter if config.target == config.drafter else load_causal_lm(config.target)
         self.target = TransformersTarget(
             target.model, self.target_tokenizer, max_context=config.max_context, snapshot_capacity=0

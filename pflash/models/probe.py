@@ -520,3 +520,12 @@ def load_segment_probe(path: str | Path, expected: ProbeIdentity) -> SegmentProb
             f"{expected.n_embd}"
         )
     return SegmentProbe(ProbeNet.from_file(f), f.params, expected, str(path))
+
+
+def probe_for(config, scorer) -> SegmentProbe | None:
+    """The segment probe `config` asks for, bound to the in-process `scorer`; None when no
+    probe is configured or segments are fixed (the probe would never be read)."""
+    if not config.segment_probe_gguf or config.select_segments == "fixed":
+        return None
+    path = resolve_probe_path(config.segment_probe_gguf, config.drafter)
+    return load_segment_probe(path, scorer_probe_identity(scorer))

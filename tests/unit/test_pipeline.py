@@ -299,7 +299,10 @@ def test_lexical_evidence_keeps_the_needle_attention_misses(smollm2_tokenizer):
     decoy = doc[:3000]  # ~650 drafter tokens, more than the whole droppable budget
     content = doc + "\n\n" + QUESTION
     off = _compress_with(
-        smollm2_tokenizer, build_config(CFG, env={}), content, _decoy_scorer(decoy)
+        smollm2_tokenizer,
+        build_config({**CFG, "select_lexical": "off"}, env={}),
+        content,
+        _decoy_scorer(decoy),
     )
     assert NEEDLE not in off.served_text
     assert "lexical_units" not in off.stats
@@ -316,7 +319,8 @@ def test_lexical_evidence_keeps_a_question_asked_before_the_document(smollm2_tok
     doc = _document()
     content = QUESTION + "\n\n" + doc
     scorer = _decoy_scorer(doc[4000:7000])
-    off = _compress_with(smollm2_tokenizer, build_config(CFG, env={}), content, scorer)
+    off_cfg = build_config({**CFG, "select_lexical": "off"}, env={})
+    off = _compress_with(smollm2_tokenizer, off_cfg, content, scorer)
     assert NEEDLE not in off.served_text
     cfg = build_config({**CFG, "select_lexical": "anchors"}, env={})
     on = _compress_with(smollm2_tokenizer, cfg, content, scorer)
@@ -385,9 +389,11 @@ def _recency_scorer(req, drafter):
 
 def test_position_prior_lets_the_needle_outrank_the_recency_band(smollm2_tokenizer):
     content = _document() + "\n\n" + QUESTION
-    raw = _compress_with(smollm2_tokenizer, build_config(CFG, env={}), content, _recency_scorer)
+    attention_only = {**CFG, "select_lexical": "off"}
+    raw_cfg = build_config({**attention_only, "select_position_prior": "off"}, env={})
+    raw = _compress_with(smollm2_tokenizer, raw_cfg, content, _recency_scorer)
     assert NEEDLE not in raw.served_text
-    cfg = build_config({**CFG, "select_position_prior": "distance"}, env={})
+    cfg = build_config({**attention_only, "select_position_prior": "distance"}, env={})
     lifted = _compress_with(smollm2_tokenizer, cfg, content, _recency_scorer)
     assert NEEDLE in lifted.served_text
     assert lifted.stats["kept_tokens"] <= raw.stats["kept_tokens"] + 64

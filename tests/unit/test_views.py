@@ -225,7 +225,9 @@ def test_new_question_asks_for_the_drafter_before_continuing(smollm2_tokenizer):
 
 
 def test_small_follow_up_continues_as_a_strict_extension_of_the_view(smollm2_tokenizer):
-    conv = Conversation(smollm2_tokenizer)
+    # attention only: lexical evidence keeps just the needle sentence in turn 1, so turn 2's
+    # attention chunk around it would (rightly) be recalled; this test is about the extension
+    conv = Conversation(smollm2_tokenizer, select_lexical="off")
     *_, d1 = conv.turn(TURN1)
     messages = _reply(TURN1, "7318842.", "Are you sure?")
     prepared, view, first, fresh, d2 = conv.turn(messages)
