@@ -18,26 +18,19 @@ Two held-out axes:
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Literal
 
 from pflash.bench.generators import (
-    LICENSE_DIR,
-    LICENSE_FILES,
     BenchCase,
     CaseSpec,
     CountTokens,
-    _paragraphs,
-    _parse,
     corpus_paragraphs,
     generate,
     insert_at_depths,
-    stdlib_modules,
     token_counter,
 )
 from pflash.probe_corpus import split_of
@@ -76,33 +69,19 @@ class HeadExample:
 # --------------------------------------------------------------------------- split text
 
 
-@lru_cache(maxsize=2)
+def _in_train(name: str) -> bool:
+    return split_of(name) == "train"
+
+
+def _in_val(name: str) -> bool:
+    return split_of(name) == "val"
+
+
 def split_paragraphs(split: Split) -> tuple[str, ...]:
     """The generators' corpus (license paragraphs, then stdlib docstring paragraphs) restricted
     to the files of `split`, named as `probe_corpus` names them (`licenses/GPL-3`,
     `stdlib/textwrap.py`)."""
-    out: list[str] = []
-    for name in LICENSE_FILES:
-        path = LICENSE_DIR / name
-        if path.is_file() and split_of(f"licenses/{name}") == split:
-            out.extend(_paragraphs(path.read_text(encoding="utf-8", errors="replace")))
-    for path in stdlib_modules():
-        if split_of(f"stdlib/{path.name}") != split:
-            continue
-        tree = _parse(path)
-        if tree is None:
-            continue
-        nodes = [
-            tree,
-            *(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef | ast.FunctionDef)),
-        ]
-        for node in nodes:
-            doc = ast.get_docstring(node)
-            if doc:
-                out.extend(_paragraphs(doc))
-    if not out:
-        raise RuntimeError(f"no {split} text: neither /usr/share/common-licenses nor stdlib found")
-    return tuple(out)
+    return corpus_paragraphs(_in_train if split == "train" else _in_val)
 
 
 def rehost(case: BenchCase, paragraphs: Sequence[str], count: CountTokens) -> BenchCase:

@@ -194,15 +194,21 @@ def _parse(path: Path) -> ast.Module | None:
         return None
 
 
-@lru_cache(maxsize=1)
-def corpus_paragraphs() -> tuple[str, ...]:
-    """License paragraphs, then stdlib docstring paragraphs (module, class, function)."""
+@lru_cache(maxsize=4)
+def corpus_paragraphs(keep: Callable[[str], bool] | None = None) -> tuple[str, ...]:
+    """License paragraphs, then stdlib docstring paragraphs (module, class, function).
+
+    `keep(name)` restricts the files (names as `probe_corpus` gives them: `licenses/GPL-3`,
+    `stdlib/textwrap.py`), so a training set and its held-out split read the same corpus.
+    """
     out: list[str] = []
     for name in LICENSE_FILES:
         path = LICENSE_DIR / name
-        if path.is_file():
+        if path.is_file() and (keep is None or keep(f"licenses/{name}")):
             out.extend(_paragraphs(path.read_text(encoding="utf-8", errors="replace")))
     for path in stdlib_modules():
+        if keep is not None and not keep(f"stdlib/{path.name}"):
+            continue
         tree = _parse(path)
         if tree is None:
             continue
