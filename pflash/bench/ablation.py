@@ -20,10 +20,11 @@ model, question-aware, strict rate) as a column, measured in the same run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,16 +211,27 @@ def run_case(case: BenchCase, engine: AblationEngine, llmlingua=None) -> list[Tu
         messages = case.messages(turn, gold_replies(case, turn))
         prompt_tokens = len(engine.encode(messages))
         served = list(engine.serve(messages).values())
+        failed = None
         if llmlingua is not None:
             keep = next(iter(engine.configs.values())).keep_ratio
-            b = llmlingua(case.document, case.turns[turn].question, keep)
-            msgs = case.messages(turn, gold_replies(case, turn), document=b.document)
-            text = engine.target_tokenizer.decode(engine.encode(msgs))
-            served.append(Served("llmlingua", keep, text, None, 0, b.kept_tokens, b.compress_ms))
+            try:
+                b = llmlingua(case.document, case.turns[turn].question, keep)
+            except Exception as exc:  # a baseline crash is recorded, not fatal to the run
+                failed = f"{type(exc).__name__}: {exc}"[:200]
+                served.append(Served("llmlingua", keep, "", None, 0, 0, 0.0))
+            else:
+                msgs = case.messages(turn, gold_replies(case, turn), document=b.document)
+                text = engine.target_tokenizer.decode(engine.encode(msgs))
+                served.append(
+                    Served("llmlingua", keep, text, None, 0, b.kept_tokens, b.compress_ms)
+                )
         for s in served:
-            out.append(
-                score_turn(case, turn, s, no_reply, engine="ablation", prompt_tokens=prompt_tokens)
+            row = score_turn(
+                case, turn, s, no_reply, engine="ablation", prompt_tokens=prompt_tokens
             )
+            if failed and s.method == "llmlingua":
+                row = dataclasses.replace(row, error=failed)
+            out.append(row)
     return out
 
 
@@ -230,6 +242,8 @@ def retention_table(rows: Sequence[TurnResult], order: Sequence[str]) -> str:
     """Markdown: evidence retention per family × variant, the pooled line (every evidence
     string counts once, so a family with many strings weighs more), the mean over turns
     (every turn counts once), and the median compression time."""
+    failed = Counter(r.method for r in rows if r.error)
+    rows = [r for r in rows if not r.error]  # a crashed method has no served prompt to score
     by: dict[tuple[str, str], list[TurnResult]] = defaultdict(list)
     families: list[str] = []
     for r in rows:
@@ -266,6 +280,11 @@ def retention_table(rows: Sequence[TurnResult], order: Sequence[str]) -> str:
         + " | ".join(f"{statistics.median(r.compress_ms for r in every[m]):.0f}" for m in methods)
         + " |"
     )
+    if failed:
+        lines.append("")
+        lines.append(
+            "Failed turns (not scored): " + ", ".join(f"{m} {n}" for m, n in sorted(failed.items()))
+        )
     return "\n".join(lines)
 
 

@@ -53,3 +53,19 @@ def test_real_drafter_case_is_scored_per_variant_and_tabulated(smollm2_tokenizer
     assert by["fixed"].compress_ms > 0
     table = retention_table(rows, ["fixed", "full-keep"])
     assert "| single_needle | 1 |" in table and "**100%**" in table
+
+
+def test_a_crashed_baseline_turn_is_reported_and_not_scored():
+    from pflash.bench.runner import TurnResult
+
+    def row(method, kept, error=""):
+        return TurnResult(
+            "c", "single_needle", 2048, 0.5, "after", 0, method, 0.1, "ablation",
+            2000, 200, 180, 1, kept, 1, kept, True, 0.0, 10.0, None, 10.0, "", error,
+        )  # fmt: skip
+
+    table = retention_table(
+        [row("cascade", 1), row("llmlingua", 0, error="AssertionError")], ["cascade", "llmlingua"]
+    )
+    assert "| single_needle | 1 | 100% |\n" in table  # nothing left to score for llmlingua
+    assert "Failed turns (not scored): llmlingua 1" in table
