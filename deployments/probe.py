@@ -34,8 +34,9 @@ class SegmentProbeDeployment:
 
         apply_thread_limits()
         cfg = build_config(dict(config))
-        path = resolve_probe_path(cfg.segment_probe_gguf, cfg.drafter)
-        self.probe = load_segment_probe(path, drafter_probe_identity(cfg))
+        identity = drafter_probe_identity(cfg)
+        path = resolve_probe_path(cfg.segment_probe_gguf, cfg.drafter, identity.feature_tap)
+        self.probe = load_segment_probe(path, identity)
         log.info(
             "SegmentProbe ready: %s (threshold %.3f, min %d, max %d)",
             path,

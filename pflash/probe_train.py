@@ -48,6 +48,7 @@ class TrainOptions:
     """Everything that determines the trained file (the defaults made the committed one)."""
 
     drafter: str = "embedded:smollm2-135m"
+    layer: int | None = None  # the tap the probe reads: this scoring layer's input (None = profile)
     seed: int = 0
     train_docs: int = 120
     val_docs: int = 24
@@ -186,15 +187,16 @@ def assemble_features(x: np.ndarray, labelled: Sequence[TokenLabels], kinds) -> 
 
 
 def split_features(
-    opts: TrainOptions, split: str, scorer_factory, tokenizer, drafter_sha: str, cache: Path
+    opts: TrainOptions, split: str, scorer_factory, tokenizer, tap_key: str, cache: Path
 ) -> Features:
     """A split's labelled documents with the drafter's tap. The tap is cached under a key
-    of the drafter file and the exact token ids, so relabelling never reruns the drafter."""
+    of the drafter file, the tap (scoring layer) and the exact token ids, so relabelling
+    never reruns the drafter."""
     n = opts.train_docs if split == "train" else opts.val_docs
     docs = list(documents(split, n, seed=opts.seed, chars=opts.doc_chars))
     prefix = chat_prefix(tokenizer)
     labelled = [token_labels(tokenizer, d, prefix) for d in docs]
-    h = hashlib.sha256(drafter_sha.encode())
+    h = hashlib.sha256(tap_key.encode())
     for t in labelled:
         h.update(np.asarray(t.ids, dtype=np.int64).tobytes() + b"|")
     path = cache / f"probe_tap_{split}_{h.hexdigest()[:16]}.npy"
@@ -411,15 +413,14 @@ def train_to_file(opts: TrainOptions, out: Path, cache: Path | None = None) -> d
     torch.set_num_threads(opts.threads)
     torch.use_deterministic_algorithms(True)
     t0 = time.perf_counter()
-    config = build_config({"drafter": opts.drafter}, env={})
+    config = build_config({"drafter": opts.drafter, "drafter_head_layer": opts.layer}, env={})
     scorer = DrafterScorer(config, load_causal_lm(opts.drafter))
     identity = scorer_probe_identity(scorer)
+    tap_key = f"{identity.runtime_gguf_sha256}:{identity.feature_tap}"  # cached taps per layer
     tokenizer = load_tokenizer(opts.drafter)
     cache = cache or cache_dir() / "probe_features"
     feats = {
-        split: split_features(
-            opts, split, lambda: scorer, tokenizer, identity.runtime_gguf_sha256, cache
-        )
+        split: split_features(opts, split, lambda: scorer, tokenizer, tap_key, cache)
         for split in ("train", "val")
     }
     t1 = time.perf_counter()
@@ -469,6 +470,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainOptions()
     p.add_argument("--drafter", default=d.drafter, help="drafter source the probe binds to")
     p.add_argument("--out", required=True, help="probe GGUF to write")
+    p.add_argument(
+        "--layer",
+        type=int,
+        default=None,
+        help="scoring layer whose input the probe reads (default: the drafter profile's; "
+        "serving then needs the same drafter_head_layer)",
+    )
     p.add_argument("--cache", default=None, help="feature cache directory (default: pflash cache)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--train-docs", type=int, default=d.train_docs)
@@ -484,6 +492,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_train(args: argparse.Namespace) -> int:
     opts = TrainOptions(
         drafter=args.drafter,
+        layer=args.layer,
         seed=args.seed,
         train_docs=args.train_docs,
         val_docs=args.val_docs,

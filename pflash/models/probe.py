@@ -140,9 +140,11 @@ def drafter_probe_identity(config) -> ProbeIdentity:
     return probe_identity(profile, source.path, hf.get_text_config().hidden_size)
 
 
-def resolve_probe_path(spec: str, drafter: str) -> Path:
+def resolve_probe_path(spec: str, drafter: str, tap: str | None = None) -> Path:
     """`segment_probe_gguf` -> a file path. `embedded` is the probe shipped in the package
-    for the embedded drafter; any other value is a path."""
+    for the embedded drafter; any other value is a path. Probes for other scoring layers
+    ship as `<name>_l<L>.gguf`; with `tap` given, `embedded` is the shipped probe reading
+    that tap (else the default file, whose tap check then names the mismatch)."""
     if spec == "embedded":
         name = EMBEDDED_PROBES.get(drafter)
         if name is None:
@@ -152,6 +154,10 @@ def resolve_probe_path(spec: str, drafter: str) -> Path:
                 f"'embedded' is the probe for {', '.join(EMBEDDED_PROBES)}; for drafter "
                 f"{drafter!r} give a probe GGUF trained for it (pflash probe train)",
             )
+        if tap is not None:
+            for other in sorted(DATA_DIR.glob(f"{Path(name).stem}_l*.gguf")):
+                if read_probe_gguf(other).feature_tap == tap:
+                    return other
         return DATA_DIR / name
     return Path(os.path.expanduser(spec))
 
@@ -527,5 +533,6 @@ def probe_for(config, scorer) -> SegmentProbe | None:
     probe is configured or segments are fixed (the probe would never be read)."""
     if not config.segment_probe_gguf or config.select_segments == "fixed":
         return None
-    path = resolve_probe_path(config.segment_probe_gguf, config.drafter)
-    return load_segment_probe(path, scorer_probe_identity(scorer))
+    identity = scorer_probe_identity(scorer)
+    path = resolve_probe_path(config.segment_probe_gguf, config.drafter, identity.feature_tap)
+    return load_segment_probe(path, identity)

@@ -66,12 +66,18 @@ def drafter_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def resolve_head_path(spec: str | Path) -> Path:
+def resolve_head_path(spec: str | Path, tap: str | None = None) -> Path:
     """`scoring_head_gguf` -> a file path: `embedded` is the shipped head (it must exist),
-    anything else a path (checked when it is read)."""
+    anything else a path (checked when it is read). Heads for other scoring layers ship as
+    `<name>_l<L>.gguf`; with `tap` given, `embedded` is the shipped head reading that tap
+    (else the default file, whose tap check then names the mismatch)."""
     if str(spec) != "embedded":
         return Path(spec).expanduser()
     path = DATA_DIR / EMBEDDED_HEAD
+    if tap is not None:
+        for other in sorted(DATA_DIR.glob(f"{Path(EMBEDDED_HEAD).stem}_l*.gguf")):
+            if read_scoring_head_gguf(other).feature_tap == tap:
+                return other
     if not path.is_file():
         raise ModelUnavailable(
             f"scoring_head_gguf 'embedded': the shipped head {path} is missing from this "
@@ -88,7 +94,7 @@ def load_scoring_head(
     mismatch named."""
     import torch
 
-    path = resolve_head_path(path)
+    path = resolve_head_path(path, tap=expected.feature_tap)
     f = read_scoring_head_gguf(path)
     for key in ("schema", "base_model", "feature_tap", "runtime_gguf_sha256"):
         got, want = getattr(f, key), getattr(expected, key)
