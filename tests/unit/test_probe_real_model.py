@@ -65,3 +65,16 @@ def test_probe_segments_keep_a_whole_function_that_fixed_chunks_cut(env):
     assert out["probe"]["whole"] and out["probe"]["kept_fraction"] == 1.0
     assert not out["fixed64"]["whole"] and out["fixed64"]["kept_fraction"] < 1.0
     assert case.source.startswith("def _format_callback_source(func, args")
+
+
+def test_embedded_probe_at_layer_8_is_the_shipped_layer_8_probe():
+    """`pflash probe train --layer 8` wrote it; `embedded` picks it when the drafter scores
+    at layer 8 (the probe reads the tap entering the scoring layer)."""
+    from pflash.models.probe import load_segment_probe, resolve_probe_path
+
+    config = build_config({"drafter_head_layer": 8, "segment_probe_gguf": "embedded"}, env={})
+    identity = drafter_probe_identity(config)
+    assert identity.feature_tap == "post_block7_residual_before_block8"
+    path = resolve_probe_path("embedded", config.drafter, identity.feature_tap)
+    assert path == DATA_DIR / "smollm2_135m_segment_probe_l8.gguf"
+    assert load_segment_probe(path, identity).params.min_segment == 4
