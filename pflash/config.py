@@ -124,7 +124,7 @@ class PFlashConfig(BaseModel):
 
     # --- small-drafter quality: lexical evidence, position prior (issue 10)
     select_lexical: LexicalMode = Field(
-        "off",
+        "cascade",
         description="Lexical evidence in strict selection: `anchors` ranks candidates sharing rare words or word n-grams with the question first (inside the budget); `cascade` also follows rare words out of anchored text (multi-hop); `off` = attention only.",
     )
     lexical_query: LexicalQuery = Field(
@@ -150,7 +150,7 @@ class PFlashConfig(BaseModel):
         description="Share of the droppable budget lexical anchors may take before attention fills the rest.",
     )
     select_position_prior: PositionPrior = Field(
-        "off",
+        "distance",
         description="Rank candidates by attention lift over a position prior (`distance`: the median mass at the same distance from the query), so the attention sink and the recency band do not crowd out the context.",
     )
     drafter_lookahead_tokens: int = Field(
