@@ -97,6 +97,8 @@ class Compressed:
     - `kept_spans`: drafter spans kept; `candidate_lifts`: (span, lift) per candidate for
       recall (head scorer only; empty otherwise).
     - `stats`: `usage.timings.pflash` fields (names as in the API contract).
+    - `lexical_spans`: kept units that share rare words with the question (lexical
+      evidence); recall brings them back like high-lift candidates.
     """
 
     compressed: bool
@@ -108,6 +110,7 @@ class Compressed:
     plan: Plan | None = None
     reason: str = ""
     original_tokens: int = 0  # target tokens of the prompt as the client sent it
+    lexical_spans: tuple[Span, ...] = ()
 
 
 # ---------------------------------------------------------------------------- first half
@@ -298,9 +301,16 @@ def finish(
     chosen: _Attempt = fit.assembly
     lifts = tuple(candidate_lifts(scores.mass, seg.spans())) if scores.mass is not None else ()
     stats = _stats(prepared, scores, chosen, fit.r_used, len(cands), budget.kept_tokens)
+    lexical_spans: tuple[Span, ...] = ()
     if evidence is not None:
         stats["lexical_units"] = len(evidence.units)
         stats["lexical_kept"] = chosen.lexical_kept
+        kept = chosen.assembly.kept_spans
+        lexical_spans = tuple(
+            u.span
+            for u in evidence.units
+            if any(k.begin <= u.span.begin and u.span.end <= k.end for k in kept)
+        )
     if trace is not None:
         trace.write(_selection_trace(prepared, config, seg, other, chosen, fit.r_used, kind))
     return Compressed(
@@ -313,6 +323,7 @@ def finish(
         plan=plan,
         reason=prepared.reason,
         original_tokens=len(prepared.input.prompt_ids),
+        lexical_spans=lexical_spans,
     )
 
 

@@ -490,3 +490,27 @@ def _ids(prepared, spans):
 
 def _keys(conv, messages):
     return view_keys(conv.prepare(messages), conv.target)
+
+
+def test_recall_brings_back_kept_lexical_evidence_whatever_its_attention_lift():
+    """A follow-up naming a fact the view dropped: the fresh selection kept it as lexical
+    evidence (it shares rare words with the question) though its attention lift is low."""
+    import dataclasses
+
+    from pflash.pipeline import Compressed
+    from pflash.views import View, recall_spans
+
+    fields = {f.name: None for f in dataclasses.fields(View)}
+    view = View(**{**fields, "spans": (Span(0, 50),), "drafter_gen_begin": 900})
+    fresh = Compressed(
+        compressed=True,
+        served_ids=(),
+        served_text="",
+        kept_spans=(Span(0, 50), Span(300, 320), Span(600, 664)),
+        candidate_lifts=((Span(300, 320), 1.1), (Span(600, 664), 3.0), (Span(0, 50), 5.0)),
+        stats={},
+        lexical_spans=(Span(300, 320),),
+    )
+    assert recall_spans(view, fresh, 1000, 2.0) == (Span(300, 320), Span(600, 664))
+    no_lexical = dataclasses.replace(fresh, lexical_spans=())
+    assert recall_spans(view, no_lexical, 1000, 2.0) == (Span(600, 664),)
