@@ -132,8 +132,8 @@ def run(args) -> list[dict]:
         app["args"]["target"] = random_target(args.random_target, work / "target")
     elif args.target:
         app["args"]["target"] = args.target
-    for dep in app["deployments"]:
-        if dep["name"] in ("DrafterScorer", "TargetModel"):
+    for dep in app["deployments"]:  # serve_config's shares fit 2 CPUs (guarded by a test)
+        if args.cpus is not None and dep["name"] in ("DrafterScorer", "TargetModel"):
             dep["ray_actor_options"]["num_cpus"] = args.cpus
     path = work / "serve_config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -222,7 +222,11 @@ def main(argv: list[str] | None = None) -> None:
         "--random-target", default=None, metavar="L:H:F", help="random-weight llama target"
     )
     parser.add_argument(
-        "--cpus", type=float, default=0.9, help="num_cpus of the drafter and target replicas"
+        "--cpus",
+        type=float,
+        default=None,
+        help="num_cpus of the drafter and target replicas (default: serve_config.yaml's, "
+        "which fit 2 CPUs with the ingress and the segment probe)",
     )
     args = parser.parse_args(argv)
     rows = run(args)
