@@ -48,6 +48,7 @@ from pflash.bench.drafter_speed import (
     SYSTEM,
     NeedlePrompt,
     _layer_inputs,
+    encode_with_positions,
     needle_rank,
 )
 from pflash.bench.generators import (
@@ -133,12 +134,7 @@ def needle_case(tokenizer, family: str, seed: int, n_tokens: int, source: str) -
         i += 1
     body = "\n\n".join(insert_at_depths(hay, [(rng.random(), t) for t in texts]))
     text = head + body + tail
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = tuple(enc["input_ids"])
-    starts = [b for b, _ in enc["offset_mapping"]]
-
-    def token_at(char: int) -> int:
-        return next(k for k, b in enumerate(starts) if b >= char)
+    ids, token_at = encode_with_positions(tokenizer, text)
 
     fb = body.index(texts[0]) + len(head)
     q_end = token_at(len(head) + len(body) + len(tail_q))

@@ -191,15 +191,7 @@ class AblationEngine:
                 out[v.name] = Served(v.name, cfg.keep_ratio, f"[failed: {exc}]", (), 0, 0, 0.0)
                 continue
             ms = prepare_ms + score_ms + (time.perf_counter() - t0) * 1000
-            out[v.name] = Served(
-                v.name,
-                cfg.keep_ratio,
-                result.served_text,
-                result.served_ids,
-                len(result.served_ids),
-                int(result.stats.get("kept_tokens", 0)),
-                ms,
-            )
+            out[v.name] = Served.compressed(v.name, cfg.keep_ratio, result, ms)
         return out
 
 

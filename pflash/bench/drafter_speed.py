@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import bisect
 import functools
 import json
 import os
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -104,6 +106,17 @@ class NeedlePrompt:
     needle: Span  # the needle sentence's tokens
 
 
+def encode_with_positions(tokenizer, text: str) -> tuple[tuple[int, ...], Callable[[int], int]]:
+    """Token ids of `text` and `token_at(char)`: the first token starting at or after `char`."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    starts = [b for b, _ in enc["offset_mapping"]]
+
+    def token_at(char: int) -> int:
+        return bisect.bisect_left(starts, char)
+
+    return tuple(enc["input_ids"]), token_at
+
+
 def needle_prompt(
     tokenizer, n_tokens: int, depth: float, needle: int = 0, offset: int = 0
 ) -> NeedlePrompt:
@@ -126,12 +139,7 @@ def needle_prompt(
     at = round(depth * len(chosen))
     body = "\n\n".join(chosen[:at] + [fact] + chosen[at:])
     text = head + body + tail
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = tuple(enc["input_ids"])
-    starts = [b for b, _ in enc["offset_mapping"]]
-
-    def token_at(char: int) -> int:
-        return next(k for k, b in enumerate(starts) if b >= char)
+    ids, token_at = encode_with_positions(tokenizer, text)
 
     fb = text.index(fact)
     needle_span = Span(token_at(fb), token_at(fb + len(fact)))

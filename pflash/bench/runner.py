@@ -86,6 +86,19 @@ class Served:
     kept_tokens: int
     compress_ms: float
 
+    @classmethod
+    def compressed(cls, method: str, keep_ratio: float, result, compress_ms: float) -> Served:
+        """What PFlash served: a `pipeline.Compressed` and the time it took."""
+        return cls(
+            method,
+            keep_ratio,
+            result.served_text,
+            result.served_ids,
+            len(result.served_ids),
+            int(result.stats.get("kept_tokens", 0)),
+            compress_ms,
+        )
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -306,17 +319,7 @@ class InProcessEngine:
                 **kw,
             )
             ms = prepare_ms + score_ms + (time.perf_counter() - t0) * 1000
-            out.append(
-                Served(
-                    "pflash",
-                    r,
-                    result.served_text,
-                    result.served_ids,
-                    len(result.served_ids),
-                    int(result.stats.get("kept_tokens", 0)),
-                    ms,
-                )
-            )
+            out.append(Served.compressed("pflash", r, result, ms))
         return out
 
     def baseline(self, served: BaselineOutput, method: str, ratio: float, messages) -> Served:
