@@ -13,9 +13,9 @@ from typing import Any
 from ray import serve
 
 from deployments.resources import apply_thread_limits
+from pflash.compress.scoring import ScoreRequest, ScoreResult
 from pflash.config import build_config
 from pflash.models.loading import use_device
-from pflash.scoring import ScoreRequest, ScoreResult
 
 log = logging.getLogger("ray.serve")
 
@@ -23,7 +23,7 @@ log = logging.getLogger("ray.serve")
 @serve.deployment(name="DrafterScorer", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=2)
 class DrafterScorerDeployment:
     def __init__(self, config: dict[str, Any]):
-        from pflash.models.drafter import DrafterScorer
+        from pflash.models.drafter.scorer import DrafterScorer
 
         self._base = dict(config)
         threads = apply_thread_limits()

@@ -29,13 +29,9 @@ from ray.serve.handle import DeploymentHandle
 from deployments.metrics import ServeMetrics
 from deployments.session_store import STORE_NAME
 from pflash import api
-from pflash.budget import configured_keep_ratio
-from pflash.chat import render_chat
-from pflash.config import PFlashConfig, build_config
-from pflash.errors import CompressionFailed, InvalidRequest, PFlashError
-from pflash.models.source import load_tokenizer
-from pflash.models.target import GenerationDone, SamplingParams, TokenDelta
-from pflash.pipeline import (
+from pflash.compress.budget import configured_keep_ratio
+from pflash.compress.chat import render_chat
+from pflash.compress.pipeline import (
     Compressed,
     PromptInput,
     finish,
@@ -43,8 +39,12 @@ from pflash.pipeline import (
     scorer_failure_action,
     uncompressed,
 )
+from pflash.config import PFlashConfig, build_config
+from pflash.errors import CompressionFailed, InvalidRequest, PFlashError
+from pflash.models.source import load_tokenizer
+from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta
 from pflash.trace import TraceWriter
-from pflash.views import decide_view, served_result, view_keys
+from pflash.views.decision import decide_view, served_result, view_keys
 
 log = logging.getLogger("ray.serve")
 

@@ -16,9 +16,9 @@ import numpy as np
 from ray import serve
 
 from deployments.resources import apply_thread_limits
+from pflash.compress.scoring import ScoreResult
+from pflash.compress.segments import ProbeParams
 from pflash.config import build_config
-from pflash.scoring import ScoreResult
-from pflash.segments import ProbeParams
 
 log = logging.getLogger("ray.serve")
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import ray
 
-from pflash.adaptive import AdaptiveKeep
 from pflash.config import build_config
-from pflash.session_store import ViewStore
-from pflash.views import View
+from pflash.views.adaptive import AdaptiveKeep
+from pflash.views.decision import View
+from pflash.views.store import ViewStore
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)

@@ -16,7 +16,7 @@ from ray import serve
 from deployments.resources import apply_thread_limits
 from pflash.config import build_config
 from pflash.models.loading import use_device
-from pflash.models.target import GenerationEvent, SamplingParams
+from pflash.models.target.protocol import GenerationEvent, SamplingParams
 
 log = logging.getLogger("ray.serve")
 
@@ -29,13 +29,13 @@ class TargetModelDeployment:
         use_device(build_config(config).device)  # tensors the model code creates land beside it
         if self.config.target_backend == "openai":
             from pflash.models.source import load_tokenizer
-            from pflash.models.target import OpenAITarget
+            from pflash.models.target.upstream import OpenAITarget
 
             tokenizer = load_tokenizer(self.config.target_tokenizer or self.config.target)
             max_ctx = self.config.max_context or int(getattr(tokenizer, "model_max_length", 8192))
             self.backend = OpenAITarget.from_config(self.config, tokenizer, max_ctx)
         else:
-            from pflash.models.target import TransformersTarget
+            from pflash.models.target.hf import TransformersTarget
 
             self.backend = TransformersTarget.from_config(self.config, num_threads=threads)
         log.info(

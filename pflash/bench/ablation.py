@@ -31,8 +31,8 @@ from pathlib import Path
 
 import yaml
 
-from pflash.bench.generators import BenchCase
 from pflash.bench.runner import Reply, Served, TurnResult, score_turn, write_jsonl
+from pflash.corpus.cases import BenchCase
 
 # Keys that change what the drafter computes: variants differing in these need their own pass.
 DRAFTER_KEYS = (
@@ -127,22 +127,22 @@ class AblationEngine:
                 self.scorers[key], self.probes[key] = self._scorer(self.configs[v.name])
 
     def _scorer(self, config):
-        from pflash.models.drafter import DrafterScorer
+        from pflash.models.drafter.scorer import DrafterScorer
         from pflash.models.probe import probe_for
 
         scorer = DrafterScorer(config, self.loaded)
         return scorer, probe_for(config, scorer)
 
     def encode(self, messages: list[dict]) -> tuple[int, ...]:
-        from pflash.chat import render_chat
+        from pflash.compress.chat import render_chat
 
         text = render_chat(self.target_tokenizer, messages)
         return tuple(self.target_tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def serve(self, messages: list[dict]) -> dict[str, Served]:
         """Every variant's served prompt for one chat (one drafter pass per variant group)."""
+        from pflash.compress.pipeline import PromptInput, finish, prepare
         from pflash.errors import CompressionFailed
-        from pflash.pipeline import PromptInput, finish, prepare
 
         ids = self.encode(messages)
         inp = PromptInput(prompt_ids=ids, messages=messages)
@@ -284,7 +284,7 @@ def retention_table(rows: Sequence[TurnResult], order: Sequence[str]) -> str:
 
 
 def add_arguments(bsub) -> None:
-    from pflash.bench.generators import FAMILIES
+    from pflash.corpus.cases import FAMILIES
 
     p = bsub.add_parser("ablate", help="evidence retention per family for each scoring variant")
     p.add_argument("--out", required=True, help="output directory (results.jsonl, summary.md)")
@@ -307,8 +307,8 @@ def add_arguments(bsub) -> None:
 
 
 def run_ablation(args) -> int:
-    from pflash.bench.generators import SuitePlan, generate, token_counter
     from pflash.bench.suite import parse_overrides, serve_args
+    from pflash.corpus.cases import SuitePlan, generate, token_counter
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

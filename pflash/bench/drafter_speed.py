@@ -12,7 +12,7 @@ Run: `python -m pflash.bench.drafter_speed [--sections speed,memory,session,laye
 - layers: for needle prompts in real prose (licenses in /usr/share/common-licenses and
   Python stdlib docstrings), the needle chunk's rank among context chunks at every layer
   of SmolLM2 (plain NoPE head at that layer), and the forward cost per layer. The
-  generic profile default (`GENERIC_HEAD_FRACTION` in pflash/models/drafter.py) is set
+  generic profile default (`GENERIC_HEAD_FRACTION` in pflash/models/drafter/scorer.py) is set
   from this table.
 
 Needle prompts (`needle_prompt`) are also used by tests/unit/test_drafter_real_model.py.
@@ -21,8 +21,6 @@ Needle prompts (`needle_prompt`) are also used by tests/unit/test_drafter_real_m
 from __future__ import annotations
 
 import argparse
-import ast
-import bisect
 import functools
 import json
 import os
@@ -30,148 +28,21 @@ import resource
 import statistics
 import subprocess
 import sys
-import sysconfig
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from pflash.query import QueryWindow
-from pflash.spans import Span
-
-EMBEDDED = "embedded:smollm2-135m"
-LICENSES = Path("/usr/share/common-licenses")
-SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
-NEEDLES = (
-    (
-        "The access code for the north gate of the Riverside warehouse is 4719.",
-        "What is the access code for the north gate of the Riverside warehouse?",
-    ),
-    (
-        "Marguerite told the committee that her favourite fruit is the yellow quince from Anatolia.",
-        "What is Marguerite's favourite fruit?",
-    ),
-    (
-        "The spare key to the old lighthouse is hidden under the third blue flowerpot by the door.",
-        "Where is the spare key to the old lighthouse hidden?",
-    ),
+from pflash.compress.query import QueryWindow
+from pflash.corpus.needles import (
+    EMBEDDED,
+    NEEDLES,
+    NeedlePrompt,
+    needle_prompt,
+    needle_rank,
 )
-
-
-# --------------------------------------------------------------------------- needle prompts
-
-
-@lru_cache(maxsize=1)
-def haystack_paragraphs() -> tuple[str, ...]:
-    """Real prose that ships on the machine: license paragraphs interleaved with stdlib
-    module docstrings, in a fixed order."""
-    licenses = []
-    if LICENSES.is_dir():
-        for p in sorted(LICENSES.iterdir()):
-            if p.is_file():
-                text = p.read_text(encoding="utf-8", errors="replace")
-                licenses += [
-                    " ".join(b.split()) for b in text.split("\n\n") if len(b.split()) >= 12
-                ]
-    docs = []
-    root = Path(sysconfig.get_paths()["stdlib"])
-    for p in sorted(root.glob("*.py")):
-        try:
-            doc = ast.get_docstring(ast.parse(p.read_text(encoding="utf-8", errors="replace")))
-        except (SyntaxError, ValueError):
-            continue
-        if doc:
-            docs += [" ".join(b.split()) for b in doc.split("\n\n") if len(b.split()) >= 12]
-    out = []
-    for i in range(max(len(licenses), len(docs))):
-        if i < len(licenses):
-            out.append(licenses[i])
-        if i < len(docs):
-            out.append(docs[i])
-    return tuple(out)
-
-
-@dataclass(frozen=True)
-class NeedlePrompt:
-    """A ChatML prompt in drafter tokens with one needle sentence in the context."""
-
-    ids: tuple[int, ...]
-    query: Span  # main window: the generation prompt's last token (prompt_end)
-    windows: tuple[QueryWindow, ...]  # main + the user question's last 8 tokens
-    context: Span  # the haystack tokens (the candidates)
-    needle: Span  # the needle sentence's tokens
-
-
-def encode_with_positions(tokenizer, text: str) -> tuple[tuple[int, ...], Callable[[int], int]]:
-    """Token ids of `text` and `token_at(char)`: the first token starting at or after `char`."""
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    starts = [b for b, _ in enc["offset_mapping"]]
-
-    def token_at(char: int) -> int:
-        return bisect.bisect_left(starts, char)
-
-    return tuple(enc["input_ids"]), token_at
-
-
-def needle_prompt(
-    tokenizer, n_tokens: int, depth: float, needle: int = 0, offset: int = 0
-) -> NeedlePrompt:
-    """About `n_tokens` tokens of chat prompt; the needle sits at `depth` (0..1) of the context.
-
-    `offset` rotates the haystack so different prompts use different prose.
-    """
-    fact, question = NEEDLES[needle % len(NEEDLES)]
-    paragraphs = haystack_paragraphs()
-    head = f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"
-    tail_q = f"\n\nQuestion: {question}"
-    tail = f"{tail_q}<|im_end|>\n<|im_start|>assistant\n"
-    budget = n_tokens - len(tokenizer(head + tail + fact)["input_ids"])
-    chosen, used, i = [], 0, offset
-    while used < budget:
-        p = paragraphs[i % len(paragraphs)]
-        used += len(tokenizer(" " + p)["input_ids"]) + 1
-        chosen.append(p)
-        i += 1
-    at = round(depth * len(chosen))
-    body = "\n\n".join(chosen[:at] + [fact] + chosen[at:])
-    text = head + body + tail
-    ids, token_at = encode_with_positions(tokenizer, text)
-
-    fb = text.index(fact)
-    needle_span = Span(token_at(fb), token_at(fb + len(fact)))
-    context = Span(token_at(len(head)), token_at(len(head) + len(body)))
-    q_end = token_at(len(head) + len(body) + len(tail_q))
-    s = len(ids)
-    query = Span(s - 1, s)
-    turn = Span(q_end - 8, q_end)
-    return NeedlePrompt(
-        ids,
-        query,
-        (QueryWindow(query, 1.0, "main"), QueryWindow(turn, 1.0, "turn")),
-        context,
-        needle_span,
-    )
-
-
-def needle_rank(mass: np.ndarray, prompt: NeedlePrompt, chunk: int = 64) -> tuple[int, int]:
-    """(rank, chunks): 1-based rank by summed mass of the best chunk holding needle tokens
-    among the fixed chunks of the context."""
-    c = prompt.context
-    bounds = [(b, min(b + chunk, c.end)) for b in range(c.begin, c.end, chunk)]
-    sums = np.array([mass[b:e].sum(dtype=np.float64) for b, e in bounds])
-    order = np.argsort(-sums, kind="stable")
-    rank = {int(k): r + 1 for r, k in enumerate(order)}
-    best = min(
-        rank[k]
-        for k, (b, e) in enumerate(bounds)
-        if b < prompt.needle.end and prompt.needle.begin < e
-    )
-    return best, len(bounds)
-
+from pflash.spans import Span
+from pflash.train.calibrate import layer_inputs as _layer_inputs
 
 # --------------------------------------------------------------------------- layer sweep
 
@@ -184,7 +55,7 @@ def layer_sweep(scorer, prompts: list[NeedlePrompt], chunk: int = 64) -> np.ndar
     """
     import torch
 
-    from pflash.models.drafter import (
+    from pflash.models.drafter.scorer import (
         head_keys,
         head_queries,
         mix_window_masses,
@@ -213,31 +84,6 @@ def layer_sweep(scorer, prompts: list[NeedlePrompt], chunk: int = 64) -> np.ndar
     return out
 
 
-def _layer_inputs(model, ids) -> dict:
-    """One full forward; the residual stream entering every layer, {layer: [S, hidden]}."""
-    import torch
-
-    inputs = {}
-
-    def keep(i):
-        def hook(module, args, kwargs):
-            inputs[i] = (args[0] if args else kwargs["hidden_states"])[0]
-
-        return hook
-
-    layers = model.model.layers
-    handles = [
-        layer.register_forward_pre_hook(keep(i), with_kwargs=True) for i, layer in enumerate(layers)
-    ]
-    try:
-        with torch.inference_mode():
-            model.model(input_ids=torch.tensor([ids]))
-    finally:
-        for h in handles:
-            h.remove()
-    return inputs
-
-
 # --------------------------------------------------------------------------- timing helpers
 
 
@@ -251,7 +97,7 @@ def _timed(fn, repeats: int = 1) -> float:
 
 
 def _request(p: NeedlePrompt, **kw):
-    from pflash.scoring import ScoreRequest
+    from pflash.compress.scoring import ScoreRequest
 
     return ScoreRequest(ids=p.ids, windows=p.windows, query=p.query, **kw)
 
@@ -326,7 +172,7 @@ def bench_session(scorer, tokenizer, repeats: int = 1) -> dict:
         QueryWindow(Span(q_end - 8, q_end), 1.0, "turn"),
         QueryWindow(p1.query, 0.5, "history"),  # turn one's reply header, stored in the session
     )
-    from pflash.scoring import ScoreRequest
+    from pflash.compress.scoring import ScoreRequest
 
     first, second = float("inf"), float("inf")
     for _ in range(repeats):  # best of each: the CPU is shared
@@ -379,7 +225,7 @@ def measure_memory_child(kind: str, n: int, threads: int) -> dict:
 
     base = peak_rss_mb()
     if kind == "smollm2":
-        from pflash.models.drafter import DrafterScorer
+        from pflash.models.drafter.scorer import DrafterScorer
         from pflash.models.source import load_tokenizer
 
         scorer = DrafterScorer(build_config({}, env={}))
@@ -392,7 +238,7 @@ def measure_memory_child(kind: str, n: int, threads: int) -> dict:
         rng = np.random.default_rng(0)
         ids = tuple(int(i) for i in rng.integers(0, 300, n))
         q = Span(n - 1, n)
-        from pflash.scoring import ScoreRequest
+        from pflash.compress.scoring import ScoreRequest
 
         t0 = time.perf_counter()
         scorer(ScoreRequest(ids=ids, windows=(QueryWindow(q, 1.0, "main"),), query=q))
@@ -408,7 +254,7 @@ def measure_memory_child(kind: str, n: int, threads: int) -> dict:
 
 def _tiny_scorer():
     from pflash.config import build_config
-    from pflash.models.drafter import DrafterScorer
+    from pflash.models.drafter.scorer import DrafterScorer
     from pflash.models.gguf_io import tiny_decoder
     from pflash.models.loading import LoadedModel
     from pflash.models.source import ModelSource
@@ -447,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     from pflash.config import build_config
-    from pflash.models.drafter import DrafterScorer
+    from pflash.models.drafter.scorer import DrafterScorer
     from pflash.models.source import load_tokenizer
 
     sections = set(args.sections.split(","))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pflash.probe_corpus import (
+from pflash.train.probe_corpus import (
     FILE_STYLES,
     excerpt,
     files_of,
@@ -151,8 +151,8 @@ def compare_case(
 ) -> dict:
     """Compress one case from one drafter run with probe segments (`segments` probe, or
     auto: probe when the gate finds enough boundaries) and with fixed chunks."""
-    from pflash.compress_cli import CompressRequest, encode_request
-    from pflash.pipeline import PromptInput, finish, prepare
+    from pflash.cli.compress import CompressRequest, encode_request
+    from pflash.compress.pipeline import PromptInput, finish, prepare
 
     base = {"mode": "always", "keep_ratio": keep, "select_chunk_size": chunks[0]}
     probe_cfg = env.config(base | {"select_segments": segments})
@@ -192,7 +192,7 @@ class Env:
 
     def __init__(self, drafter: str = EMBEDDED, probe_path: str | None = None):
         from pflash.config import build_config
-        from pflash.models.drafter import DrafterScorer
+        from pflash.models.drafter.scorer import DrafterScorer
         from pflash.models.probe import (
             load_segment_probe,
             resolve_probe_path,
@@ -218,14 +218,14 @@ class Env:
 
 def held_out_boundaries(env: Env, *, docs: int, seed: int) -> dict:
     """Boundary precision/recall of the probe at its own parameters on held-out documents."""
-    from pflash.probe_corpus import documents
-    from pflash.probe_train import (
+    from pflash.train.probe import (
         assemble_features,
         chat_prefix,
         evaluate,
         extract_taps,
         token_labels,
     )
+    from pflash.train.probe_corpus import documents
 
     texts = list(documents("val", docs, seed=seed))
     prefix = chat_prefix(env.tokenizer)
@@ -250,8 +250,8 @@ def held_out_boundaries(env: Env, *, docs: int, seed: int) -> dict:
 
 def probe_cost(env: Env, lengths=(1024, 2048, 4096), repeats: int = 3) -> list[dict]:
     """Probe time vs the drafter forward (to the scoring layer) on real text."""
-    from pflash.probe_corpus import documents
-    from pflash.probe_train import tap_of
+    from pflash.train.probe import tap_of
+    from pflash.train.probe_corpus import documents
 
     text = "".join(d.text for d in documents("val", 8, seed=7))
     ids = env.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from pflash.bench.baselines import BaselineOutput, random_chunks, tail_truncate
-from pflash.bench.generators import BenchCase
+from pflash.corpus.cases import BenchCase
 
 METHODS = ("pflash", "full", "llmlingua", "tail", "random")
 SWEEP_METHODS = ("pflash", "tail", "random")
@@ -241,10 +241,10 @@ class InProcessEngine:
     def __init__(self, config, *, threads: int | None = None):
         import torch
 
-        from pflash.models.drafter import DrafterScorer
+        from pflash.models.drafter.scorer import DrafterScorer
         from pflash.models.loading import load_causal_lm
         from pflash.models.source import load_tokenizer
-        from pflash.models.target import TransformersTarget
+        from pflash.models.target.hf import TransformersTarget
 
         if threads:
             torch.set_num_threads(threads)
@@ -266,7 +266,7 @@ class InProcessEngine:
         return self.target.max_context
 
     def encode(self, messages: list[dict]) -> tuple[int, ...]:
-        from pflash.chat import render_chat
+        from pflash.compress.chat import render_chat
 
         text = render_chat(self.target_tokenizer, messages)
         return tuple(self.target_tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -282,8 +282,8 @@ class InProcessEngine:
 
     def pflash(self, messages: list[dict], ratios: Sequence[float], trace=None) -> list[Served]:
         """Compress at each ratio with one drafter pass (prepare → score once → finish)."""
+        from pflash.compress.pipeline import PromptInput, finish, prepare
         from pflash.config import build_config
-        from pflash.pipeline import PromptInput, finish, prepare
 
         ids = self.encode(messages)
         inp = PromptInput(prompt_ids=ids, messages=messages)
@@ -331,7 +331,7 @@ class InProcessEngine:
 
     def generate(self, served: Served, max_tokens: int) -> Reply:
         """Greedy reply to the served ids; TTFT is the first streamed piece (cold prefill)."""
-        from pflash.models.target import GenerationDone, SamplingParams
+        from pflash.models.target.protocol import GenerationDone, SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         ids = list(served.ids or ())
@@ -366,7 +366,7 @@ class HttpEngine:
         self.target_tokenizer = tokenizer
 
     def encode(self, messages: list[dict]) -> tuple[int, ...]:
-        from pflash.chat import render_chat
+        from pflash.compress.chat import render_chat
 
         text = render_chat(self.target_tokenizer, messages)
         return tuple(self.target_tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -17,9 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pflash.budget import plan_budget
-from pflash.segments import ProbeParams, scheduled_chunk_size, segment, smooth_boundary_logits
-from pflash.selection import (
+from pflash.compress.budget import plan_budget
+from pflash.compress.segments import (
+    ProbeParams,
+    scheduled_chunk_size,
+    segment,
+    smooth_boundary_logits,
+)
+from pflash.compress.selection import (
     LegacyParams,
     build_candidates,
     kept_spans,
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
 def assembly_table(runs: int) -> None:
     """Assembly (decode kept runs, paragraph join, re-encode with the target tokenizer) on
     real text with the embedded SmolLM2 tokenizer as drafter and target, keep ~10%."""
-    from pflash.assemble import assemble
+    from pflash.compress.assemble import assemble
     from pflash.models.source import load_tokenizer
     from pflash.spans import Span
 

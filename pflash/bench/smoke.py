@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pflash.bench.generators import CaseSpec, generate, token_counter
 from pflash.bench.runner import Baselines, RunPlan, TurnResult, run_suite
+from pflash.corpus.cases import CaseSpec, generate, token_counter
 
 SMOKE_SPECS = (
     CaseSpec("single_needle", 11, 1024, 0.5),

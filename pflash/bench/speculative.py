@@ -66,7 +66,7 @@ def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
 
 
 def _generate(target: Any, prompt_ids: list[int], params: Any, **kw: Any) -> Any:
-    from pflash.models.target import collect_generation
+    from pflash.models.target.protocol import collect_generation
 
     return asyncio.run(collect_generation(target.generate(prompt_ids, params, **kw)))
 
@@ -74,7 +74,8 @@ def _generate(target: Any, prompt_ids: list[int], params: Any, **kw: Any) -> Any
 def bench_decode(
     model: Any, tokenizer: Any, tokens: int, drafts: list[int], repeats: int, threads: int
 ) -> None:
-    from pflash.models.target import SamplingParams, TransformersTarget
+    from pflash.models.target.hf import TransformersTarget
+    from pflash.models.target.protocol import SamplingParams
 
     tiny = random_assistant(len(tokenizer))
     configs = {"plain": TransformersTarget(model, tokenizer, num_threads=threads)}
@@ -131,7 +132,8 @@ def long_document(tokenizer: Any, target_tokens: int = 1000) -> str:
 
 
 def bench_assistant_snapshots(model: Any, tokenizer: Any, repeats: int, threads: int) -> None:
-    from pflash.models.target import SamplingParams, TransformersTarget
+    from pflash.models.target.hf import TransformersTarget
+    from pflash.models.target.protocol import SamplingParams
 
     params = SamplingParams(max_tokens=16, temperature=0)
     doc = long_document(tokenizer)

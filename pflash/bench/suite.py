@@ -22,9 +22,9 @@ from pathlib import Path
 
 import yaml
 
-from pflash.bench.generators import FAMILIES, SuitePlan, generate, token_counter
 from pflash.bench.launch import ROOT, ServeCluster, free_port
 from pflash.bench.runner import METHODS, Baselines, RunPlan, read_jsonl, run_suite
+from pflash.corpus.cases import FAMILIES, SuitePlan, generate, token_counter
 
 RESULTS = "results.jsonl"
 SUMMARY = "summary.md"

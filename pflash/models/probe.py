@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pflash.compress.scoring import ScoreResult
+from pflash.compress.segments import ProbeParams
 from pflash.errors import CompressionFailed, ConfigError, ModelUnavailable
-from pflash.scoring import ScoreResult
-from pflash.segments import ProbeParams
 
 PROBE_ARCH = "segmentprobe"
 NS = "segmentprobe"
@@ -89,7 +89,7 @@ class ProbeIdentity:
 def probe_identity(profile, drafter_path: str | Path, n_embd: int) -> ProbeIdentity:
     """The identity for a resolved `ScorerProfile`: its family is the scoring head schema's
     model part (`smollm2_135m_nope_qk_mass_v1` -> `smollm2_135m`)."""
-    from pflash.models.scoring_head import drafter_sha256
+    from pflash.models.drafter.scoring_head import drafter_sha256
 
     return ProbeIdentity(
         family=profile.schema.removesuffix("_nope_qk_mass_v1"),
@@ -115,7 +115,7 @@ def drafter_probe_identity(config) -> ProbeIdentity:
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pflash.models.drafter import resolve_profile
+    from pflash.models.drafter.scorer import resolve_profile
     from pflash.models.gguf_io import read_gguf_facts
     from pflash.models.loading import LoadedModel, guard_gguf_config
     from pflash.models.source import resolve_source

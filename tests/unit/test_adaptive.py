@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pflash.adaptive import AdaptiveKeep, AdaptiveState, session_key, update_keep
 from pflash.config import build_config
+from pflash.views.adaptive import AdaptiveKeep, AdaptiveState, session_key, update_keep
 
 R0 = 0.10
 

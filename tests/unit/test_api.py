@@ -32,7 +32,12 @@ from pflash.api import (
 )
 from pflash.config import build_config
 from pflash.errors import CompressionFailed, InvalidRequest, ModelUnavailable
-from pflash.models.target import GenerationTimings, SamplingParams, UpstreamError, UpstreamTimeout
+from pflash.models.target.protocol import (
+    GenerationTimings,
+    SamplingParams,
+    UpstreamError,
+    UpstreamTimeout,
+)
 
 USER = {"role": "user", "content": "hi"}
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pflash.assemble import (
+from pflash.compress.assemble import (
     CUT_MARKER,
     Assembly,
     assemble,

@@ -11,8 +11,8 @@ from pflash.bench.ablation import (
     run_case,
     variant,
 )
-from pflash.bench.generators import CaseSpec, generate, token_counter
 from pflash.bench.suite import serve_args
+from pflash.corpus.cases import CaseSpec, generate, token_counter
 
 
 def test_variant_values_are_read_as_yaml():

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pflash.bench.generators import (
+from pflash.compress.chat import render_chat
+from pflash.corpus.cases import (
     FAMILIES,
     INSTRUCTION,
     CaseSpec,
@@ -16,7 +17,6 @@ from pflash.bench.generators import (
     split_middle,
     token_counter,
 )
-from pflash.chat import render_chat
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from pflash.bench.generators import BenchCase, CaseSpec, Turn
 from pflash.bench.report import goal_lines, summarise, summary_markdown, sweep_table
 from pflash.bench.runner import (
     Reply,
@@ -19,6 +18,7 @@ from pflash.bench.runner import (
     score_turn,
     write_jsonl,
 )
+from pflash.corpus.cases import BenchCase, CaseSpec, Turn
 
 
 def test_evidence_kept_ignores_whitespace_changes_and_counts_copies():

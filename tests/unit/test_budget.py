@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from pflash.budget import (
+from pflash.compress.budget import (
     configured_keep_ratio,
     curve_ratio,
     effective_keep_ratio,
@@ -16,9 +16,9 @@ from pflash.budget import (
     plan_budget_for,
     target_estimate,
 )
+from pflash.compress.query import Plan
 from pflash.config import build_config
 from pflash.errors import CompressionFailed
-from pflash.query import Plan
 from pflash.spans import Span, TokenizedText
 
 # --------------------------------------------------------------------------- configured ratio

@@ -16,8 +16,33 @@ import numpy as np
 import pytest
 import torch
 
-from pflash.bench.drafter_speed import NeedlePrompt
-from pflash.calibrate import (
+from pflash.compress.query import QueryWindow
+from pflash.compress.scoring import ScoreRequest
+from pflash.config import build_config
+from pflash.corpus.needles import NeedlePrompt
+from pflash.errors import ConfigError
+from pflash.models.drafter.calibration import (
+    EMBEDDED_FILE,
+    SCHEMA,
+    load_calibration,
+    resolve_calibration_path,
+    write_calibration,
+)
+from pflash.models.drafter.scorer import (
+    DrafterScorer,
+    head_keys,
+    head_queries,
+    mix_window_masses,
+    visible_keys,
+    window_head_masses,
+    window_mass,
+)
+from pflash.models.drafter.scoring_head import drafter_sha256
+from pflash.models.gguf_io import tiny_decoder
+from pflash.models.loading import LoadedModel
+from pflash.models.source import ModelSource
+from pflash.spans import Span
+from pflash.train.calibrate import (
     Measured,
     choose_layer,
     chunk_masses,
@@ -28,31 +53,6 @@ from pflash.calibrate import (
     needle_case,
     top_rank,
 )
-from pflash.config import build_config
-from pflash.errors import ConfigError
-from pflash.models.calibration import (
-    EMBEDDED_FILE,
-    SCHEMA,
-    load_calibration,
-    resolve_calibration_path,
-    write_calibration,
-)
-from pflash.models.drafter import (
-    DrafterScorer,
-    head_keys,
-    head_queries,
-    mix_window_masses,
-    visible_keys,
-    window_head_masses,
-    window_mass,
-)
-from pflash.models.gguf_io import tiny_decoder
-from pflash.models.loading import LoadedModel
-from pflash.models.scoring_head import drafter_sha256
-from pflash.models.source import ModelSource
-from pflash.query import QueryWindow
-from pflash.scoring import ScoreRequest
-from pflash.spans import Span
 
 torch.set_num_threads(1)
 
@@ -277,7 +277,7 @@ def test_needle_case_evidence_span_holds_the_asked_needle(smollm2_tokenizer):
 
 @pytest.mark.model
 def test_embedded_calibration_finds_the_needle_on_real_prose(smollm2_tokenizer):
-    from pflash.bench.drafter_speed import needle_prompt, needle_rank
+    from pflash.corpus.needles import needle_prompt, needle_rank
 
     scorer = DrafterScorer(build_config({"drafter_calibration": "embedded"}, env={}))
     assert scorer.profile.head_layer == scorer.calibration.layer

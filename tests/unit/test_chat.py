@@ -1,4 +1,4 @@
-"""Chat rendering, marker families and turn parsing (pflash/chat.py, reference §5.3).
+"""Chat rendering, marker families and turn parsing (pflash/compress/chat.py, reference §5.3).
 
 Prompts are rendered from the Jinja templates in tests/fixtures/templates (one per family,
 written after each family's published format) with the real SmolLM2 tokenizer as the
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pflash.chat import (
+from pflash.compress.chat import (
     SENTINEL_BEGIN,
     ChatInput,
     changed_char_span,

@@ -1,4 +1,4 @@
-"""`pflash compress FILE` with the real embedded drafter (pflash/compress_cli.py via pflash.cli).
+"""`pflash compress FILE` with the real embedded drafter (pflash/cli/compress.py via pflash.cli).
 
 Prompts are ~1K target tokens so one compression takes a couple of seconds on one thread;
 the drafter is loaded once for the module (`load_drafter` caches it per process).
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pflash.api import PFlashStats
-from pflash.chat import render_chat
 from pflash.cli import main
+from pflash.compress.chat import render_chat
 from pflash.config import EMBEDDED_SMOLLM2
 
 GENERATION_PROMPT = "<|im_start|>assistant\n"
@@ -46,7 +46,7 @@ def no_pflash_env(monkeypatch):
 def drafter():
     import torch
 
-    from pflash.compress_cli import load_drafter
+    from pflash.cli.compress import load_drafter
 
     torch.set_num_threads(1)
     yield load_drafter(EMBEDDED_SMOLLM2)

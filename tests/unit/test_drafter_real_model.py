@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pflash.bench.drafter_speed import needle_prompt, needle_rank
+from pflash.compress.scoring import ScoreRequest
 from pflash.config import build_config
-from pflash.scoring import ScoreRequest
+from pflash.corpus.needles import needle_prompt, needle_rank
 
 pytestmark = pytest.mark.model
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.model
 @pytest.fixture(scope="module")
 def scorer():
     torch.set_num_threads(1)
-    from pflash.models.drafter import DrafterScorer
+    from pflash.models.drafter.scorer import DrafterScorer
 
     return DrafterScorer(build_config({}, env={}))
 

@@ -15,15 +15,20 @@ import numpy as np
 import pytest
 import torch
 
+from pflash.compress.query import QueryWindow
+from pflash.compress.scoring import ScoreRequest, candidate_lifts
 from pflash.config import build_config
 from pflash.errors import CompressionFailed, ConfigError
-from pflash.models import drafter as drafter_mod
-from pflash.models.drafter import DrafterScorer, mean_head_mass, resolve_profile, smooth_in_range
+from pflash.models.drafter import scorer as drafter_mod
+from pflash.models.drafter.scorer import (
+    DrafterScorer,
+    mean_head_mass,
+    resolve_profile,
+    smooth_in_range,
+)
 from pflash.models.gguf_io import tiny_decoder
 from pflash.models.loading import LoadedModel
 from pflash.models.source import ModelSource
-from pflash.query import QueryWindow
-from pflash.scoring import ScoreRequest, candidate_lifts
 from pflash.spans import Span
 
 torch.set_num_threads(1)

@@ -8,20 +8,20 @@ import numpy as np
 import pytest
 import torch
 
+from pflash.compress.query import QueryWindow
+from pflash.compress.scoring import ScoreRequest
 from pflash.config import build_config
-from pflash.models.drafter import DrafterScorer
-from pflash.models.gguf_io import tiny_decoder
-from pflash.models.loading import LoadedModel
-from pflash.models.sessions import (
+from pflash.models.drafter.scorer import DrafterScorer
+from pflash.models.drafter.sessions import (
     DrafterSession,
     RecurrentCheckpoint,
     SessionTable,
     common_prefix,
     plan_resume,
 )
+from pflash.models.gguf_io import tiny_decoder
+from pflash.models.loading import LoadedModel
 from pflash.models.source import ModelSource
-from pflash.query import QueryWindow
-from pflash.scoring import ScoreRequest
 from pflash.spans import Span
 
 torch.set_num_threads(1)

@@ -10,10 +10,17 @@ import numpy as np
 import pytest
 import torch
 
+from pflash.compress.query import QueryWindow
 from pflash.config import build_config
 from pflash.errors import ModelUnavailable
-from pflash.head_corpus import TRAIN_FAMILIES, HeadExample, examples
-from pflash.head_train import (
+from pflash.models.drafter import scoring_head
+from pflash.models.drafter.scorer import DrafterScorer
+from pflash.models.drafter.scoring_head import EMBEDDED_HEAD, resolve_head_path, save_scoring_head
+from pflash.models.gguf_io import read_scoring_head_gguf, tiny_decoder, write_decoder_gguf
+from pflash.models.loading import load_causal_lm
+from pflash.models.source import load_tokenizer
+from pflash.spans import Span
+from pflash.train.head import (
     TrainableHead,
     TrainOptions,
     chunk_layout,
@@ -27,14 +34,7 @@ from pflash.head_train import (
     scoring_config,
     train_head,
 )
-from pflash.models import scoring_head
-from pflash.models.drafter import DrafterScorer
-from pflash.models.gguf_io import read_scoring_head_gguf, tiny_decoder, write_decoder_gguf
-from pflash.models.loading import load_causal_lm
-from pflash.models.scoring_head import EMBEDDED_HEAD, resolve_head_path, save_scoring_head
-from pflash.models.source import load_tokenizer
-from pflash.query import QueryWindow
-from pflash.spans import Span
+from pflash.train.head_corpus import TRAIN_FAMILIES, HeadExample, examples
 
 torch.set_num_threads(1)
 

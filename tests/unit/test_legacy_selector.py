@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflash.config import build_config
-from pflash.selection import (
+from pflash.compress.selection import (
     LegacyParams,
     anchor_chunks,
     anchor_tier,
@@ -18,6 +17,7 @@ from pflash.selection import (
     repeat_token_chunks,
     select_legacy,
 )
+from pflash.config import build_config
 from pflash.spans import Span
 
 # --------------------------------------------------------------------------- pooling and n_keep

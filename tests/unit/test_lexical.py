@@ -1,4 +1,4 @@
-"""Lexical evidence (pflash/lexical.py): anchors, the question pool, the cascade, headers.
+"""Lexical evidence (pflash/compress/lexical.py): anchors, the question pool, the cascade, headers.
 
 Prompts are built the way users send them (chat messages rendered and planned by
 `prepare` with the real SmolLM2 tokenizer); what is asserted is which text gets anchored.
@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from pflash.chat import render_chat
-from pflash.config import build_config
-from pflash.lexical import (
+from pflash.compress.chat import render_chat
+from pflash.compress.lexical import (
     LexicalParams,
     find_lexical_evidence,
     is_question_like,
@@ -18,7 +17,8 @@ from pflash.lexical import (
     split_units,
     words,
 )
-from pflash.pipeline import PromptInput, prepare
+from pflash.compress.pipeline import PromptInput, prepare
+from pflash.config import build_config
 
 NEEDLE = "The special magic quokka number is: 7318842."
 QUESTION = "What is the special magic quokka number?"

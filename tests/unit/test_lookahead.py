@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 import torch
 
+from pflash.compress.query import QueryWindow
+from pflash.compress.scoring import ScoreRequest
 from pflash.config import build_config
-from pflash.models.drafter import (
+from pflash.models.drafter.scorer import (
     DrafterScorer,
     head_keys,
     head_queries,
@@ -25,8 +27,6 @@ from pflash.models.drafter import (
 from pflash.models.gguf_io import tiny_decoder
 from pflash.models.loading import LoadedModel
 from pflash.models.source import ModelSource
-from pflash.query import QueryWindow
-from pflash.scoring import ScoreRequest
 from pflash.spans import Span
 
 torch.set_num_threads(1)
@@ -162,7 +162,7 @@ def test_lookahead_tap_is_the_prompt_s_scoring_layer_input():
 
 @pytest.mark.model
 def test_smollm2_lookahead_decodes_the_model_s_own_greedy_answer(smollm2_tokenizer):
-    from pflash.bench.drafter_speed import needle_prompt
+    from pflash.corpus.needles import needle_prompt
 
     k = 6
     scorer = DrafterScorer(build_config({"drafter_lookahead_tokens": k}, env={}))

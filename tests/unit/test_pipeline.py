@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflash.chat import render_chat
+from pflash.compress.chat import render_chat
+from pflash.compress.pipeline import PromptInput, compress, prepare
+from pflash.compress.scoring import ScoreResult
 from pflash.config import build_config
 from pflash.errors import CompressionFailed
-from pflash.pipeline import PromptInput, compress, prepare
-from pflash.scoring import ScoreResult
 from pflash.trace import TraceWriter, read_traces
 
 NEEDLE = "The special magic quokka number is: 7318842."
@@ -232,7 +232,7 @@ def test_legacy_selector_keeps_the_question(smollm2_tokenizer):
 def test_only_drafter_failures_may_bypass_and_only_when_the_operator_chose_it(
     stage, choice, action
 ):
-    from pflash.pipeline import scorer_failure_action
+    from pflash.compress.pipeline import scorer_failure_action
 
     assert (
         scorer_failure_action(stage, build_config({"on_drafter_error": choice}, env={})) == action

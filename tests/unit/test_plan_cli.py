@@ -1,4 +1,4 @@
-"""`pflash plan FILE` on real rendered chats (pflash/plan_cli.py through pflash.cli.main)."""
+"""`pflash plan FILE` on real rendered chats (pflash/cli/plan.py through pflash.cli.main)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pflash.chat import render_chat
 from pflash.cli import main
+from pflash.compress.chat import render_chat
+from pflash.compress.query import plan_prompt
 from pflash.config import build_config
-from pflash.query import plan_prompt
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"
 SYSTEM = "You are a careful analyst."

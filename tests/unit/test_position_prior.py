@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from pflash.position_prior import SINK_TOKENS, distance_bins, lift_over_prior, position_prior
+from pflash.compress.position_prior import (
+    SINK_TOKENS,
+    distance_bins,
+    lift_over_prior,
+    position_prior,
+)
 
 
 def _small_drafter_like_mass(n_ctx: int = 1000, n_query: int = 24) -> np.ndarray:

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from pflash.compress.scoring import ScoreResult
+from pflash.compress.segments import smooth_boundary_logits
 from pflash.errors import CompressionFailed, ConfigError, ModelUnavailable
 from pflash.models.gguf_io import read_ggml_shapes
 from pflash.models.probe import (
@@ -25,8 +27,6 @@ from pflash.models.probe import (
     write_gguf,
     write_probe_gguf,
 )
-from pflash.scoring import ScoreResult
-from pflash.segments import smooth_boundary_logits
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pflash.probe_corpus import (
+from pflash.train.probe import chat_prefix, token_labels
+from pflash.train.probe_corpus import (
     LICENSES,
     Piece,
     code_labels,
@@ -17,7 +18,6 @@ from pflash.probe_corpus import (
     join_files,
     prose_labels,
 )
-from pflash.probe_train import chat_prefix, token_labels
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 

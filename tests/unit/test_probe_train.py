@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from pflash.probe_train import (
+from pflash.compress.segments import ProbeParams
+from pflash.train.probe import (
     BoundaryScore,
     Features,
     TrainOptions,
@@ -16,7 +17,6 @@ from pflash.probe_train import (
     score_cuts,
     train_probe,
 )
-from pflash.segments import ProbeParams
 
 torch.set_num_threads(1)
 

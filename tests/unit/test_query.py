@@ -1,4 +1,4 @@
-"""Query derivation, history windows and pinned spans (pflash/query.py, reference §5.4-§5.6).
+"""Query derivation, history windows and pinned spans (pflash/compress/query.py, reference §5.4-§5.6).
 
 Prompts are real renders of the family templates in tests/fixtures/templates with the
 SmolLM2 tokenizer as target (and drafter, unless a test says otherwise).
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pflash.chat import render_chat
+from pflash.compress.chat import render_chat
+from pflash.compress.query import find_query_window, map_last_occurrence, plan_prompt
 from pflash.config import build_config
 from pflash.errors import CompressionFailed, InvalidRequest
-from pflash.query import find_query_window, map_last_occurrence, plan_prompt
 from pflash.spans import MAX_INSTRUCTION_SPANS, Span, encode_with_offsets
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"
@@ -700,9 +700,9 @@ def test_cross_vocabulary_plans_cover_the_same_text(bpe_tokenizer, name):
 
 
 def _plan_for(tokenizer, user: str, **cfg):
-    from pflash.chat import render_chat
+    from pflash.compress.chat import render_chat
+    from pflash.compress.query import plan_prompt
     from pflash.config import build_config
-    from pflash.query import plan_prompt
 
     messages = [{"role": "user", "content": user}]
     text = render_chat(tokenizer, messages)

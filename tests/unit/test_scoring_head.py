@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from pflash.compress.query import QueryWindow
+from pflash.compress.scoring import ScoreRequest
 from pflash.config import build_config
 from pflash.errors import ConfigError, ModelUnavailable
-from pflash.models.drafter import DrafterScorer
+from pflash.models.drafter.scorer import DrafterScorer
+from pflash.models.drafter.scoring_head import save_scoring_head
 from pflash.models.gguf_io import (
     ScoringHeadFile,
     read_scoring_head_gguf,
@@ -19,9 +22,6 @@ from pflash.models.gguf_io import (
     write_scoring_head_gguf,
 )
 from pflash.models.loading import load_causal_lm
-from pflash.models.scoring_head import save_scoring_head
-from pflash.query import QueryWindow
-from pflash.scoring import ScoreRequest
 from pflash.spans import Span
 
 torch.set_num_threads(1)
@@ -166,8 +166,8 @@ def test_a_head_for_another_scoring_layer_is_refused_naming_drafter_head_layer(d
 def test_embedded_head_for_another_scoring_layer_is_the_shipped_file_reading_that_tap(
     tmp_path, monkeypatch
 ):
-    import pflash.models.scoring_head as head_module
-    from pflash.models.scoring_head import HeadIdentity, resolve_head_path
+    import pflash.models.drafter.scoring_head as head_module
+    from pflash.models.drafter.scoring_head import HeadIdentity, resolve_head_path
 
     monkeypatch.setattr(head_module, "DATA_DIR", tmp_path)
     q, k = np.zeros((4, 8), np.float32), np.zeros((2, 8), np.float32)

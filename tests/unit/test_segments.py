@@ -6,9 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflash.config import build_config
-from pflash.errors import CompressionFailed
-from pflash.segments import (
+from pflash.compress.segments import (
     ProbeParams,
     count_probe_boundaries,
     fixed_grid,
@@ -20,6 +18,8 @@ from pflash.segments import (
     split_oversize,
     structurally_required,
 )
+from pflash.config import build_config
+from pflash.errors import CompressionFailed
 from pflash.spans import Span
 
 # --------------------------------------------------------------------------- schedule and grid

@@ -8,10 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pflash.config import build_config
-from pflash.errors import ConfigError
-from pflash.segments import fixed_grid, structurally_required
-from pflash.selection import (
+from pflash.compress.segments import fixed_grid, structurally_required
+from pflash.compress.selection import (
     Candidates,
     build_candidates,
     fit_assembly_overhead,
@@ -23,6 +21,8 @@ from pflash.selection import (
     span_sums,
     split_candidates,
 )
+from pflash.config import build_config
+from pflash.errors import ConfigError
 from pflash.spans import Span, validate_spans
 
 # --------------------------------------------------------------------------- items 1-3

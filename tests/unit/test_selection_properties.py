@@ -8,9 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pflash.budget import plan_budget
-from pflash.segments import ProbeParams, fixed_grid, probe_cuts, split_oversize
-from pflash.selection import (
+from pflash.compress.budget import plan_budget
+from pflash.compress.segments import ProbeParams, fixed_grid, probe_cuts, split_oversize
+from pflash.compress.selection import (
     Candidates,
     anchor_chunks,
     build_candidates,

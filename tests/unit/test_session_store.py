@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pflash.config import build_config
-from pflash.session_store import ViewStore
 from pflash.spans import Span
-from pflash.views import View, boundary_hashes, token_digest
+from pflash.views.decision import View, boundary_hashes, token_digest
+from pflash.views.store import ViewStore
 
 RAW = tuple(range(5000, 5100))  # target tokens of one growing conversation
 

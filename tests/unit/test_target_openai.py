@@ -31,15 +31,15 @@ from pflash.api import (
     error_response,
     sse_event,
 )
-from pflash.models.target import (
+from pflash.models.target.protocol import (
     GenerationDone,
     GenerationTimings,
-    OpenAITarget,
     SamplingParams,
     UpstreamError,
     UpstreamTimeout,
     collect_generation,
 )
+from pflash.models.target.upstream import OpenAITarget
 
 WORDS = ["Hello", ",", " wor", "ld", "!"]
 CALL = {

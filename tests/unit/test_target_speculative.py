@@ -15,14 +15,12 @@ import torch
 
 from pflash.bench.speculative import chat_ids, random_assistant
 from pflash.errors import ConfigError
-from pflash.models.target import (
+from pflash.models.target.hf import TransformersTarget, accept_drafts, vocabulary_mismatch
+from pflash.models.target.protocol import (
     GenerationDone,
     SamplingParams,
     TokenDelta,
-    TransformersTarget,
-    accept_drafts,
     collect_generation,
-    vocabulary_mismatch,
 )
 
 

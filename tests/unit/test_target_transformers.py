@@ -9,15 +9,17 @@ import pytest
 import torch
 
 from pflash.errors import InvalidRequest
-from pflash.models.target import (
-    GenerationDone,
+from pflash.models.target.hf import (
     PrefixSnapshots,
-    SamplingParams,
     StreamingDecoder,
-    TokenDelta,
     TransformersTarget,
-    collect_generation,
     sample_token,
+)
+from pflash.models.target.protocol import (
+    GenerationDone,
+    SamplingParams,
+    TokenDelta,
+    collect_generation,
 )
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)

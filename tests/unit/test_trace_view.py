@@ -9,9 +9,9 @@ from html.parser import HTMLParser
 import pytest
 
 from pflash.cli import main
+from pflash.cli.trace_view import page_paths, render_selection, render_view, segment_views
 from pflash.spans import Span, decode_ids
 from pflash.trace import SelectionTrace, TraceWriter, ViewTrace, read_traces, trace_line
-from pflash.trace_view import page_paths, render_selection, render_view, segment_views
 
 VOID = {"meta", "br", "img", "hr", "link", "input"}
 
@@ -124,11 +124,11 @@ def test_several_records_get_numbered_pages(tmp_path):
 
 @pytest.mark.model
 def test_real_trace_renders_valid_html_containing_every_kept_segment(tmp_path, smollm2_tokenizer):
-    from pflash.bench.generators import CaseSpec, generate, token_counter
-    from pflash.compress_cli import load_drafter
+    from pflash.cli.compress import load_drafter
+    from pflash.compress.pipeline import PromptInput, compress
     from pflash.config import build_config
-    from pflash.models.drafter import DrafterScorer
-    from pflash.pipeline import PromptInput, compress
+    from pflash.corpus.cases import CaseSpec, generate, token_counter
+    from pflash.models.drafter.scorer import DrafterScorer
 
     config = build_config({"mode": "always", "keep_ratio": 0.2, "select_chunk_size": 64}, env={})
     case = generate(CaseSpec("single_needle", 21, 1024, 0.5), token_counter(smollm2_tokenizer))

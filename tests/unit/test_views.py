@@ -14,20 +14,20 @@ from dataclasses import replace
 import numpy as np
 
 from pflash.api import PFlashStats
-from pflash.assemble import RECALL_FOOTER, RECALL_HEADER
-from pflash.chat import render_chat
+from pflash.compress.assemble import RECALL_FOOTER, RECALL_HEADER
+from pflash.compress.chat import render_chat
+from pflash.compress.pipeline import PromptInput, finish, prepare
+from pflash.compress.scoring import ScoreResult
 from pflash.config import build_config
-from pflash.pipeline import PromptInput, finish, prepare
-from pflash.scoring import ScoreResult
-from pflash.session_store import ViewStore
 from pflash.spans import Span, decode_ids, subtract, union
-from pflash.views import (
+from pflash.views.decision import (
     boundary_hashes,
     decide_view,
     served_result,
     token_digest,
     view_keys,
 )
+from pflash.views.store import ViewStore
 
 NEEDLE = "The special magic quokka number is: 7318842."
 FACT = "The archive password for the blue vault is heliotrope-42."
@@ -429,7 +429,7 @@ def test_a_view_of_a_different_conversation_is_not_continued(smollm2_tokenizer):
 
 
 def test_gate_declined_fresh_result_is_served_without_a_view(smollm2_tokenizer):
-    from pflash.pipeline import uncompressed
+    from pflash.compress.pipeline import uncompressed
 
     conv = Conversation(smollm2_tokenizer, mode="auto", threshold=1_000_000)
     prepared = conv.prepare(TURN1)
@@ -497,8 +497,8 @@ def test_recall_brings_back_kept_lexical_evidence_whatever_its_attention_lift():
     evidence (it shares rare words with the question) though its attention lift is low."""
     import dataclasses
 
-    from pflash.pipeline import Compressed
-    from pflash.views import View, recall_spans
+    from pflash.compress.pipeline import Compressed
+    from pflash.views.decision import View, recall_spans
 
     fields = {f.name: None for f in dataclasses.fields(View)}
     view = View(**{**fields, "spans": (Span(0, 50),), "drafter_gen_begin": 900})

@@ -1,6 +1,6 @@
 """One request end to end: plan → budget → score → segments → select → assemble → stats.
 
-With `select_lexical` on, selection first keeps the lexical evidence (pflash/lexical.py:
+With `select_lexical` on, selection first keeps the lexical evidence (pflash/compress/lexical.py:
 text sharing rare words with the question) inside the budget, then fills by attention.
 
 Split in two halves around the drafter call so the Ray ingress can await the remote scorer
@@ -25,16 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from pflash.assemble import Assembly, assemble, fit_ceiling
-from pflash.budget import BudgetPlan, configured_keep_ratio, plan_budget_for
-from pflash.config import PFlashConfig
-from pflash.errors import CompressionFailed
-from pflash.lexical import LexicalEvidence, LexicalParams, find_lexical_evidence
-from pflash.position_prior import lift_over_prior
-from pflash.query import Plan, plan_prompt
-from pflash.scoring import Scorer, ScoreRequest, ScoreResult, candidate_lifts
-from pflash.segments import ProbeParams, segment
-from pflash.selection import (
+from pflash.compress.assemble import Assembly, assemble, fit_ceiling
+from pflash.compress.budget import BudgetPlan, configured_keep_ratio, plan_budget_for
+from pflash.compress.lexical import LexicalEvidence, LexicalParams, find_lexical_evidence
+from pflash.compress.position_prior import lift_over_prior
+from pflash.compress.query import Plan, plan_prompt
+from pflash.compress.scoring import Scorer, ScoreRequest, ScoreResult, candidate_lifts
+from pflash.compress.segments import ProbeParams, segment
+from pflash.compress.selection import (
     Candidates,
     LegacyParams,
     SelectionResult,
@@ -48,6 +46,8 @@ from pflash.selection import (
     span_sums,
     split_candidates,
 )
+from pflash.config import PFlashConfig
+from pflash.errors import CompressionFailed
 from pflash.spans import Span, decode_ids
 from pflash.trace import SelectionTrace, TraceWriter
 

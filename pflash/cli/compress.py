@@ -146,9 +146,9 @@ def compress_request(
 ) -> CompressReport:
     """Render, encode and compress one request with the real drafter under `config`."""
     from pflash.api import PFlashStats
-    from pflash.models.drafter import DrafterScorer
+    from pflash.compress.pipeline import PromptInput, compress
+    from pflash.models.drafter.scorer import DrafterScorer
     from pflash.models.source import load_tokenizer
-    from pflash.pipeline import PromptInput, compress
     from pflash.trace import TraceWriter
 
     target_tokenizer = load_tokenizer(
@@ -193,7 +193,7 @@ def encode_request(target_tokenizer, request: CompressRequest) -> tuple[int, ...
     target's template (no special tokens added), a raw prompt with the tokenizer's own."""
     if request.messages is None:
         return tuple(target_tokenizer(request.prompt, add_special_tokens=True)["input_ids"])
-    from pflash.chat import render_chat
+    from pflash.compress.chat import render_chat
 
     kwargs = dict(request.chat_template_kwargs or {})
     thinking = kwargs.pop("enable_thinking", None)

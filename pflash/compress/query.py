@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pflash.chat import (
+from pflash.compress.chat import (
     ASSISTANT_ROLES,
     ChatInput,
     ChatLayout,

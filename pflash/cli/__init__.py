@@ -60,7 +60,7 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
         help="train the segment probe on the drafter's tap (stdlib sources, licenses) and "
         "write its GGUF",
     )
-    from pflash.probe_train import add_arguments
+    from pflash.train.probe import add_arguments
 
     add_arguments(train)
 
@@ -73,7 +73,7 @@ def _add_head(sub: argparse._SubParsersAction) -> None:
         help="train the scoring head (q/k projections of the scoring layer) on retrieval "
         "prompts over real text and write its GGUF",
     )
-    from pflash.head_train import add_arguments
+    from pflash.train.head import add_arguments
 
     add_arguments(train)
 
@@ -106,7 +106,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
         help="measure the drafter's scoring layer and per-head weights on needle prompts and "
         "write a calibration file (drafter_calibration)",
     )
-    from pflash.calibrate import add_arguments
+    from pflash.train.calibrate import add_arguments
 
     add_arguments(p)
 
@@ -124,19 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "plan":
-        from pflash.plan_cli import run_plan
+        from pflash.cli.plan import run_plan
 
         return run_plan(args)
     if args.command == "compress":
-        from pflash.compress_cli import run_compress
+        from pflash.cli.compress import run_compress
 
         return run_compress(args)
     if args.command == "probe" and args.probe_command == "train":
-        from pflash.probe_train import run_train
+        from pflash.train.probe import run_train
 
         return run_train(args)
     if args.command == "head" and args.head_command == "train":
-        from pflash.head_train import run_train as run_head_train
+        from pflash.train.head import run_train as run_head_train
 
         return run_head_train(args)
     if args.command == "bench":
@@ -144,11 +144,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_bench(args)
     if args.command == "trace":
-        from pflash.trace_view import run_trace_view
+        from pflash.cli.trace_view import run_trace_view
 
         return run_trace_view(args)
     if args.command == "calibrate":
-        from pflash.calibrate import run_calibrate
+        from pflash.train.calibrate import run_calibrate
 
         return run_calibrate(args)
     parser.error(f"unknown command {args.command}")

@@ -17,7 +17,7 @@ Reading order, top-down:
    computed over key blocks (`window_probs`: never a [rows, S] matrix per head larger than
    a block), mean over heads and rows (`mean_head_mass`; a calibration from `pflash
    calibrate` makes it a weighted mean over heads and picks the layer,
-   `pflash.models.calibration`); `mix_window_masses` mixes windows by weight.
+   `pflash.models.drafter.calibration`); `mix_window_masses` mixes windows by weight.
    `decode_lookahead`: look-ahead queries (§3.6), k greedily decoded tokens whose
    scoring-layer rows form one more window (`drafter_lookahead_tokens`; a full forward).
 5. `tail_running_max` / `smooth_in_range`: the legacy tail scorer (§3.1/§3.2): running
@@ -41,12 +41,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pflash.compress.query import QueryWindow
+from pflash.compress.scoring import ScoreRequest, ScoreResult
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, ConfigError, ModelUnavailable
-from pflash.models.calibration import Calibration, load_calibration
-from pflash.models.loading import LoadedModel, load_causal_lm, resolve_device
-from pflash.models.scoring_head import HeadIdentity, ScoringHead, drafter_sha256, load_scoring_head
-from pflash.models.sessions import (
+from pflash.models.drafter.calibration import Calibration, load_calibration
+from pflash.models.drafter.scoring_head import (
+    HeadIdentity,
+    ScoringHead,
+    drafter_sha256,
+    load_scoring_head,
+)
+from pflash.models.drafter.sessions import (
     CHECKPOINT_TAIL,
     DrafterSession,
     ResumePlan,
@@ -58,8 +64,7 @@ from pflash.models.sessions import (
     restore_recurrent,
     snapshot_recurrent,
 )
-from pflash.query import QueryWindow
-from pflash.scoring import ScoreRequest, ScoreResult
+from pflash.models.loading import LoadedModel, load_causal_lm, resolve_device
 from pflash.spans import Span
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pflash.head_corpus import TRAIN_FAMILIES, VAL_ONLY_FAMILIES, HeadExample, examples
+from pflash.train.head_corpus import TRAIN_FAMILIES, VAL_ONLY_FAMILIES, HeadExample, examples
 
 EMBEDDED = "embedded:smollm2-135m"
 
@@ -97,7 +97,7 @@ class Sample:
 
 
 def score_request(ex: HeadExample, *, want_tap: bool = False):
-    from pflash.scoring import ScoreRequest
+    from pflash.compress.scoring import ScoreRequest
 
     return ScoreRequest(
         ids=ex.ids,
@@ -153,7 +153,7 @@ class TrainableHead:
 def head_mass(scorer, head, tap, ex: HeadExample):
     """The mass [S] the scorer computes for `ex` from its tap [S, hidden] with `head`
     (None = the layer's own projections); differentiable in the head's weights."""
-    from pflash.models.drafter import (
+    from pflash.models.drafter.scorer import (
         head_keys,
         head_queries,
         mix_window_masses,
@@ -449,9 +449,9 @@ def train_to_file(opts: TrainOptions, out: Path, *, progress: bool = True) -> di
     import torch
     from tqdm import tqdm
 
-    from pflash.models.drafter import DrafterScorer
+    from pflash.models.drafter.scorer import DrafterScorer
+    from pflash.models.drafter.scoring_head import save_scoring_head
     from pflash.models.loading import load_causal_lm
-    from pflash.models.scoring_head import save_scoring_head
     from pflash.models.source import load_tokenizer
 
     torch.set_num_threads(opts.threads)

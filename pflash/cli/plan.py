@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pflash.chat import render_chat
+from pflash.compress.chat import render_chat
+from pflash.compress.query import Plan, plan_prompt
 from pflash.config import EMBEDDED_SMOLLM2, build_config
 from pflash.errors import PFlashError
-from pflash.query import Plan, plan_prompt
 from pflash.spans import Span
 
 PREVIEW_CHARS = 60

@@ -14,10 +14,10 @@ from typing import Literal
 
 import numpy as np
 
+from pflash.compress.query import Plan
+from pflash.compress.segments import required_grid_tokens, scheduled_chunk_size
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed
-from pflash.query import Plan
-from pflash.segments import required_grid_tokens, scheduled_chunk_size
 from pflash.spans import Span, canonicalize
 
 

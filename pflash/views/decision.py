@@ -34,12 +34,11 @@ from typing import Literal
 
 import numpy as np
 
-from pflash.api import ViewMode
-from pflash.assemble import paragraph_join, recall_text
-from pflash.chat import FAMILIES, ChatLayout, Turn, resolve_marker
+from pflash.compress.assemble import paragraph_join, recall_text
+from pflash.compress.chat import FAMILIES, ChatLayout, Turn, resolve_marker
+from pflash.compress.pipeline import Compressed, Prepared
+from pflash.compress.query import Plan
 from pflash.config import PFlashConfig
-from pflash.pipeline import Compressed, Prepared
-from pflash.query import Plan
 from pflash.spans import (
     Span,
     Tokenizer,
@@ -52,6 +51,8 @@ from pflash.spans import (
 )
 
 Action = Literal["serve", "compress_first"]
+# `usage.timings.pflash.view.mode`: the outcome of a turn ("off" = no view involved)
+ViewMode = Literal["off", "fresh", "repeat", "continue", "continue-compressed", "rebuild"]
 
 # Why a decision came out as it did (metrics label, trace field, test assertion).
 Reason = Literal[

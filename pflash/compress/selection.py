@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from pflash.segments import Segmentation, structurally_required
+from pflash.compress.segments import Segmentation, structurally_required
 from pflash.spans import Span, canonicalize
 
 SelectMode = Literal["budget_only", "top_p", "top_k"]

@@ -1,7 +1,7 @@
 """The scorer contract: what the pipeline asks a drafter for and what it gets back.
 
 A scorer is any callable `ScoreRequest -> ScoreResult`. The real one is the drafter
-(`pflash/models/drafter.py`, run in the DrafterScorer deployment); unit tests pass
+(`pflash/models/drafter/scorer.py`, run in the DrafterScorer deployment); unit tests pass
 deterministic ones. Token indices are drafter tokens.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pflash.query import QueryWindow
+from pflash.compress.query import QueryWindow
 from pflash.spans import Span
 
 

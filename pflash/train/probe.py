@@ -2,7 +2,7 @@
 
 Stages, top-down:
 
-1. `documents` (pflash/probe_corpus.py): labelled real text, whole files held out.
+1. `documents` (pflash/train/probe_corpus.py): labelled real text, whole files held out.
 2. `token_labels`: character boundaries -> drafter-token labels, inside the drafter's chat
    prefix (the tap of a context token depends on what precedes it, and in serving that is
    the chat template's system and user header).
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pflash.probe_corpus import LabelledText, documents
-from pflash.segments import ProbeParams, probe_cuts
+from pflash.compress.segments import ProbeParams, probe_cuts
+from pflash.train.probe_corpus import LabelledText, documents
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +142,8 @@ class Features:
 def tap_of(scorer, ids: Sequence[int]) -> np.ndarray:
     """The drafter's tap float32 [S, n_embd] for `ids`, through the scorer contract (the
     query is the last token; its mass is computed and ignored)."""
-    from pflash.query import QueryWindow
-    from pflash.scoring import ScoreRequest
+    from pflash.compress.query import QueryWindow
+    from pflash.compress.scoring import ScoreRequest
     from pflash.spans import Span
 
     s = len(ids)
@@ -405,7 +405,7 @@ def train_to_file(opts: TrainOptions, out: Path, cache: Path | None = None) -> d
     import torch
 
     from pflash.config import build_config
-    from pflash.models.drafter import DrafterScorer
+    from pflash.models.drafter.scorer import DrafterScorer
     from pflash.models.loading import load_causal_lm
     from pflash.models.probe import ProbeFile, scorer_probe_identity, write_probe_gguf
     from pflash.models.source import cache_dir, load_tokenizer

@@ -1,6 +1,6 @@
 """Retrieval prompts with known evidence, for training and validating the scoring head.
 
-Each example is a bench case (`pflash.bench.generators`: same families, same question
+Each example is a bench case (`pflash.corpus.cases`: same families, same question
 wording, same evidence strings) rendered as a chat with the drafter's template and planned
 by `pipeline.prepare` exactly as serving plans it, so the query windows the head is trained
 on are the ones it will score with. Spans are drafter tokens over `HeadExample.ids`.
@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pflash.bench.generators import (
+from pflash.compress.query import QueryWindow
+from pflash.corpus.cases import (
     BenchCase,
     CaseSpec,
     CountTokens,
@@ -33,9 +34,8 @@ from pflash.bench.generators import (
     insert_at_depths,
     token_counter,
 )
-from pflash.probe_corpus import split_of
-from pflash.query import QueryWindow
 from pflash.spans import Span
+from pflash.train.probe_corpus import split_of
 
 Split = Literal["train", "val"]
 TextSplit = Literal["train", "val", "mixed"]
@@ -120,8 +120,8 @@ def rehost(case: BenchCase, paragraphs: Sequence[str], count: CountTokens) -> Be
 def plan_example(case: BenchCase, text: TextSplit, *, tokenizer, config) -> HeadExample:
     """Render turn 0 with the drafter's chat template, plan it with `pipeline.prepare` (the
     serving path), and locate the document and the evidence in drafter tokens."""
-    from pflash.chat import render_chat
-    from pflash.pipeline import PromptInput, prepare
+    from pflash.compress.chat import render_chat
+    from pflash.compress.pipeline import PromptInput, prepare
     from pflash.spans import encode_with_offsets
 
     messages = case.messages(0)

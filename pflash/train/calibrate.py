@@ -3,14 +3,14 @@
 Why: the generic profile's scoring layer (57% of depth) and the plain mean over query heads
 (§3.3 step 6) are guesses that happen to work for SmolLM2. This command measures, for every
 attention layer ℓ and query head h of a drafter, how well that head alone finds the evidence
-of generated needle prompts, then writes a calibration file (`pflash.models.calibration`)
+of generated needle prompts, then writes a calibration file (`pflash.models.drafter.calibration`)
 that the scorer loads with `drafter_calibration`.
 
 Stages, top-down:
 
 1. `needle_case`: a ChatML needle prompt over real text from one source (`stdlib`
    docstrings or `licenses`), one of `FAMILIES`; the asked needle's tokens are the evidence.
-2. `chunk_masses`: one full forward (`pflash.bench.drafter_speed._layer_inputs`: pre-hooks
+2. `chunk_masses`: one full forward (`layer_inputs` below: pre-hooks
    capture every layer's input hidden states; no `output_attentions`), then per layer the scorer's own math (`head_keys`,
    `head_queries`, `window_head_masses`, `mix_window_masses`): per-head mass summed over
    the context's 64-token chunks, [layers, H, chunks]. Everything later is offline.
@@ -28,7 +28,7 @@ Stages, top-down:
 
 Token indices are drafter tokens; spans are half-open.
 
-`python -m pflash.calibrate lookahead` measures look-ahead queries (§3.6) against none on
+`python -m pflash.train.calibrate lookahead` measures look-ahead queries (§3.6) against none on
 ~2K-token needle prompts: scoring time and the needle chunk's rank (a report, not a test).
 """
 
@@ -43,15 +43,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from pflash.bench.drafter_speed import (
-    NEEDLES,
-    SYSTEM,
-    NeedlePrompt,
-    _layer_inputs,
-    encode_with_positions,
-    needle_rank,
-)
-from pflash.bench.generators import (
+from pflash.compress.query import QueryWindow
+from pflash.corpus.cases import (
     INSTRUCTION,
     LICENSE_DIR,
     LICENSE_FILES,
@@ -62,7 +55,13 @@ from pflash.bench.generators import (
     random_key,
     random_value,
 )
-from pflash.query import QueryWindow
+from pflash.corpus.needles import (
+    NEEDLES,
+    SYSTEM,
+    NeedlePrompt,
+    encode_with_positions,
+    needle_rank,
+)
 from pflash.spans import Span
 
 FAMILIES = ("single_needle", "multi_key", "fact")
@@ -80,7 +79,7 @@ TURN_QUERY_TOKENS = 8
 
 @lru_cache(maxsize=2)
 def source_paragraphs(source: str) -> tuple[str, ...]:
-    """The corpus of `pflash.bench.generators` split by source: `licenses` (the license
+    """The corpus of `pflash.corpus.cases` split by source: `licenses` (the license
     files) or `stdlib` (standard-library docstrings), so validation text is unseen text."""
     licenses = []
     for name in LICENSE_FILES:
@@ -186,7 +185,7 @@ def chunk_masses(scorer, prompt: NeedlePrompt, layers: tuple[int, ...]) -> np.nd
     """
     import torch
 
-    from pflash.models.drafter import (
+    from pflash.models.drafter.scorer import (
         head_keys,
         head_queries,
         mix_window_masses,
@@ -195,7 +194,7 @@ def chunk_masses(scorer, prompt: NeedlePrompt, layers: tuple[int, ...]) -> np.nd
     )
 
     decoder_layers = scorer.model.model.layers
-    inputs = _layer_inputs(scorer.model, prompt.ids)  # {layer: [S, hidden]}, one full forward
+    inputs = layer_inputs(scorer.model, prompt.ids)  # {layer: [S, hidden]}, one full forward
     bounds = context_chunks(prompt)
     out = np.zeros((len(layers), scorer.n_head, len(bounds)))
     with torch.inference_mode():
@@ -326,8 +325,8 @@ def calibrate(
 ) -> dict:
     """Measure, choose and validate; return the calibration payload (see calibration.py)."""
     from pflash.config import build_config
-    from pflash.models.drafter import DrafterScorer
-    from pflash.models.scoring_head import drafter_sha256
+    from pflash.models.drafter.scorer import DrafterScorer
+    from pflash.models.drafter.scoring_head import drafter_sha256
     from pflash.models.source import load_tokenizer
 
     scorer = DrafterScorer(build_config({"drafter": drafter, "drafter_sessions": 0}, env={}))
@@ -449,7 +448,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_calibrate(args) -> int:
     import torch
 
-    from pflash.models.calibration import write_calibration
+    from pflash.models.drafter.calibration import write_calibration
 
     torch.set_num_threads(args.threads)
     payload = calibrate(
@@ -472,11 +471,11 @@ def lookahead_report(
 ) -> list[dict]:
     """Needle chunk rank and scoring time with and without `k` look-ahead tokens on `n`
     needle prompts (`needle_prompt`, ~`tokens` drafter tokens). Prints one JSON line each."""
-    from pflash.bench.drafter_speed import needle_prompt
+    from pflash.compress.scoring import ScoreRequest
     from pflash.config import build_config
-    from pflash.models.drafter import DrafterScorer
+    from pflash.corpus.needles import needle_prompt
+    from pflash.models.drafter.scorer import DrafterScorer
     from pflash.models.source import load_tokenizer
-    from pflash.scoring import ScoreRequest
 
     tokenizer = load_tokenizer(drafter)
     base = {"drafter": drafter, "drafter_sessions": 0, "drafter_calibration": calibration}
@@ -523,3 +522,28 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def layer_inputs(model, ids) -> dict:
+    """One full forward; the residual stream entering every layer, {layer: [S, hidden]}."""
+    import torch
+
+    inputs = {}
+
+    def keep(i):
+        def hook(module, args, kwargs):
+            inputs[i] = (args[0] if args else kwargs["hidden_states"])[0]
+
+        return hook
+
+    layers = model.model.layers
+    handles = [
+        layer.register_forward_pre_hook(keep(i), with_kwargs=True) for i, layer in enumerate(layers)
+    ]
+    try:
+        with torch.inference_mode():
+            model.model(input_ids=torch.tensor([ids]))
+    finally:
+        for h in handles:
+            h.remove()
+    return inputs

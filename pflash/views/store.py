@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from pflash.config import PFlashConfig
-from pflash.views import PrefixHash, View
+from pflash.views.decision import PrefixHash, View
 
 _Key = tuple[str, int, str]  # (tenant, prefix length in target tokens, digest)
 

@@ -34,7 +34,7 @@ from pflash.errors import ConfigError
 
 SCHEMA = "pflash_drafter_calibration_v1"
 EMBEDDED = "embedded"
-EMBEDDED_FILE = Path(__file__).resolve().parent.parent / "data" / "smollm2_135m_calibration.json"
+EMBEDDED_FILE = Path(__file__).resolve().parents[2] / "data" / "smollm2_135m_calibration.json"
 
 
 @dataclass(frozen=True)

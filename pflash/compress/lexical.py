@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
-from pflash.query import Plan
+from pflash.compress.query import Plan
 from pflash.spans import Span, TokenizedText, canonicalize
 
 LexicalMode = Literal["anchors", "cascade"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from pflash.query import QueryWindow
+from pflash.compress.query import QueryWindow
 from pflash.spans import Span
 
 MAX_STORED_WINDOWS = 8

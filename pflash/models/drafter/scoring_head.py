@@ -25,7 +25,7 @@ from pflash.models.gguf_io import ScoringHeadFile, read_scoring_head_gguf, write
 from pflash.models.source import file_sha256
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 EMBEDDED_HEAD = "smollm2_135m_scoring_head.gguf"  # for embedded:smollm2-135m
 
 

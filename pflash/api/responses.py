@@ -1,0 +1,300 @@
+"""OpenAI response shapes (whole and streamed chunks, model list) plus llama.cpp-style
+`usage.timings` and PFlash's `usage.timings.pflash` (`PFlashStats`, ALGORITHM §5.9)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pflash.models.target.protocol import FinishReason, GenerationTimings
+from pflash.views.decision import ViewMode
+
+# ---------------------------------------------------------------------- usage and stats
+
+
+class ViewStats(BaseModel):
+    """The multi-turn view outcome (ALGORITHM §6.1), in target tokens. "off": no view."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: ViewMode = "off"
+    turn: int = 0
+    served_tokens: int = 0
+    reused_tokens: int = 0
+    delta_tokens: int = 0
+    recalled_tokens: int = 0
+    fresh_tokens: int = 0
+
+
+class PFlashStats(BaseModel):
+    """`usage.timings.pflash` (ALGORITHM §5.9). Defaults describe an uncompressed request.
+
+    Units: `*_ms` milliseconds (`compress_ms` rounded to 0.1); `drafter_input_tokens` and
+    `kept_tokens` drafter tokens; `compressed_tokens` target tokens served; `keep_ratio`
+    the final effective ratio; `segments` candidate segments; `scorer_resume` the token
+    position the drafter session resumed from; `lexical_units` / `lexical_kept` the text
+    units sharing rare words with the question and how many of them were kept first
+    (`select_lexical`). Unknown keys are an error, so the pipeline's
+    stats and this contract cannot drift apart silently.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    compress_ms: float = 0.0
+    drafter_input_tokens: int = 0
+    kept_tokens: int = 0
+    compressed_tokens: int = 0
+    keep_ratio: float = 1.0
+    query_rule: str = ""
+    history_queries: int = 0
+    segments: int = 0
+    stop_reason: str = ""
+    scorer_resume: int = 0
+    scorer_new_tokens: int = 0
+    scorer_forward_ms: float = 0.0
+    lexical_units: int = 0
+    lexical_kept: int = 0
+    view: ViewStats = Field(default_factory=ViewStats)
+
+    @field_validator("compress_ms")
+    @classmethod
+    def _tenth_of_ms(cls, v: float) -> float:
+        return round(v, 1)
+
+    @classmethod
+    def uncompressed(cls, prompt_tokens: int) -> PFlashStats:
+        """Stats of a request served as is: all `prompt_tokens` served, ratio 1."""
+        return cls(compressed_tokens=prompt_tokens, keep_ratio=1.0)
+
+
+class Timings(BaseModel):
+    """llama.cpp-style generation timings plus PFlash's stats."""
+
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    cache_n: int
+    pflash: PFlashStats = Field(default_factory=PFlashStats)
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    """`prompt_tokens` is the client's original prompt, not the compressed one (§8.2)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+    timings: Timings
+
+
+def build_usage(
+    prompt_tokens: int, timings: GenerationTimings, pflash: PFlashStats | None = None
+) -> Usage:
+    """Usage of one generation: completion = sampled tokens, cached = reused prefix tokens."""
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=timings.predicted_n,
+        total_tokens=prompt_tokens + timings.predicted_n,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=timings.cache_n),
+        timings=Timings(
+            prompt_n=timings.prompt_n,
+            prompt_ms=round(timings.prompt_ms, 3),
+            predicted_n=timings.predicted_n,
+            predicted_ms=round(timings.predicted_ms, 3),
+            cache_n=timings.cache_n,
+            pflash=pflash or PFlashStats.uncompressed(prompt_tokens),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------- responses
+
+
+def _absent(v: Any) -> bool:
+    return v is None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = Field(None, exclude_if=_absent)
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatResponseMessage
+    finish_reason: FinishReason
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    pflash_prompt: str | None = Field(None, exclude_if=_absent)
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = Field(None, exclude_if=_absent)
+    content: str | None = Field(None, exclude_if=_absent)
+    tool_calls: list[dict[str, Any]] | None = Field(None, exclude_if=_absent)
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = Field(None, exclude_if=_absent)
+    pflash_prompt: str | None = Field(None, exclude_if=_absent)
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    """`/v1/completions` response and (`object` the same, as OpenAI does) stream chunk."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = Field(None, exclude_if=_absent)
+    pflash_prompt: str | None = Field(None, exclude_if=_absent)
+
+
+@dataclass(frozen=True)
+class ResponseMeta:
+    """What every response and chunk of one request shares."""
+
+    id: str
+    model: str
+    created: int
+
+    @classmethod
+    def new(cls, model: str, kind: Literal["chat", "completion"]) -> ResponseMeta:
+        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+        return cls(prefix + uuid.uuid4().hex, model, int(time.time()))
+
+    def fields(self) -> dict[str, Any]:
+        return {"id": self.id, "model": self.model, "created": self.created}
+
+
+def _completion_finish(reason: FinishReason | None) -> Literal["stop", "length"] | None:
+    return None if reason is None else "length" if reason == "length" else "stop"
+
+
+def chat_response(
+    meta: ResponseMeta,
+    text: str,
+    finish_reason: FinishReason,
+    usage: Usage,
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    pflash_prompt: str | None = None,
+) -> ChatCompletionResponse:
+    content = text if text or not tool_calls else None
+    message = ChatResponseMessage(content=content, tool_calls=tool_calls or None)
+    choice = ChatChoice(message=message, finish_reason=finish_reason)
+    return ChatCompletionResponse(
+        **meta.fields(), choices=[choice], usage=usage, pflash_prompt=pflash_prompt
+    )
+
+
+def chat_chunk(
+    meta: ResponseMeta,
+    *,
+    role: Literal["assistant"] | None = None,
+    content: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    finish_reason: FinishReason | None = None,
+    pflash_prompt: str | None = None,
+) -> ChatCompletionChunk:
+    """One streamed chat delta. The first carries `role="assistant"`, the last `finish_reason`."""
+    delta = ChatDelta(role=role, content=content, tool_calls=tool_calls or None)
+    choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason)
+    return ChatCompletionChunk(**meta.fields(), choices=[choice], pflash_prompt=pflash_prompt)
+
+
+def chat_usage_chunk(
+    meta: ResponseMeta, usage: Usage, *, pflash_prompt: str | None = None
+) -> ChatCompletionChunk:
+    """The `stream_options.include_usage` chunk: no choices, only usage."""
+    return ChatCompletionChunk(
+        **meta.fields(), choices=[], usage=usage, pflash_prompt=pflash_prompt
+    )
+
+
+def completion_chunk(
+    meta: ResponseMeta,
+    text: str = "",
+    *,
+    finish_reason: FinishReason | None = None,
+    usage: Usage | None = None,
+    pflash_prompt: str | None = None,
+) -> CompletionResponse:
+    """A streamed completion piece; with `usage` and a finish reason, the whole response."""
+    choice = CompletionChoice(text=text, finish_reason=_completion_finish(finish_reason))
+    return CompletionResponse(
+        **meta.fields(), choices=[choice], usage=usage, pflash_prompt=pflash_prompt
+    )
+
+
+def completion_response(
+    meta: ResponseMeta,
+    text: str,
+    finish_reason: FinishReason,
+    usage: Usage,
+    *,
+    pflash_prompt: str | None = None,
+) -> CompletionResponse:
+    return completion_chunk(
+        meta, text, finish_reason=finish_reason, usage=usage, pflash_prompt=pflash_prompt
+    )
+
+
+def completion_usage_chunk(
+    meta: ResponseMeta, usage: Usage, *, pflash_prompt: str | None = None
+) -> CompletionResponse:
+    """The `stream_options.include_usage` chunk: no choices, only usage."""
+    return CompletionResponse(**meta.fields(), choices=[], usage=usage, pflash_prompt=pflash_prompt)
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "pflash"
+    max_model_len: int | None = Field(None, exclude_if=_absent)
+
+
+class ModelList(BaseModel):
+    """`GET /v1/models`."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
