@@ -140,57 +140,39 @@ class AblationEngine:
         return tuple(self.target_tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def serve(self, messages: list[dict]) -> dict[str, Served]:
-        """Every variant's served prompt for one chat (one drafter pass per variant group)."""
-        from pflash.compress.pipeline import PromptInput, finish, prepare
+        """Every variant's served prompt for one chat (one drafter pass per variant group;
+        each variant's time includes its group's pass)."""
+        from pflash.compress.rendered import render_chat_prompt
+        from pflash.compressor import ScoreOnce, compress_in_process
         from pflash.errors import CompressionFailed
 
-        ids = self.encode(messages)
-        inp = PromptInput(prompt_ids=ids, messages=messages)
-        kw = dict(target_tokenizer=self.target_tokenizer, drafter_tokenizer=self.drafter_tokenizer)
-        passes: dict[tuple, tuple] = {}
+        prompt = render_chat_prompt(self.target_tokenizer, messages)
+        ids = prompt.ids
+        passes: dict[tuple, ScoreOnce] = {}
         out: dict[str, Served] = {}
         for v in self.variants:
             cfg = self.configs[v.name]
-            t0 = time.perf_counter()
-            prepared = prepare(inp, config=cfg, **kw)
-            prepare_ms = (time.perf_counter() - t0) * 1000
-            if not prepared.compress:
-                out[v.name] = Served(
-                    v.name,
-                    cfg.keep_ratio,
-                    prepared.prompt_text,
-                    ids,
-                    len(ids),
-                    len(ids),
-                    prepare_ms,
-                )
-                continue
             key = v.drafter_key(self.base)
-            if key not in passes:
-                scorer, probe = self.scorers[key], self.probes[key]
-                t0 = time.perf_counter()
-                scores = scorer(prepared.score_request)
-                boundary = subunit = None
-                if probe is not None and prepared.score_request.want_tap:
-                    boundary, subunit = probe(scores)
-                passes[key] = (scores, boundary, subunit, (time.perf_counter() - t0) * 1000)
-            scores, boundary, subunit, score_ms = passes[key]
-            probe = self.probes[key]
+            once = passes.setdefault(key, ScoreOnce(self.scorers[key]))
             t0 = time.perf_counter()
             try:
-                result = finish(
-                    prepared,
-                    scores,
-                    config=cfg,
-                    boundary=boundary,
-                    subunit=subunit,
-                    probe_params=probe.params if probe is not None else None,
-                    **kw,
+                result = compress_in_process(
+                    prompt,
+                    cfg,
+                    target_tokenizer=self.target_tokenizer,
+                    drafter_tokenizer=self.drafter_tokenizer,
+                    scorer=once,
+                    probe=self.probes[key],
                 )
             except CompressionFailed as exc:
                 out[v.name] = Served(v.name, cfg.keep_ratio, f"[failed: {exc}]", (), 0, 0, 0.0)
                 continue
-            ms = prepare_ms + score_ms + (time.perf_counter() - t0) * 1000
+            ms = (time.perf_counter() - t0) * 1000 + (once.last_ms if once.hit else 0.0)
+            if not result.compressed:
+                out[v.name] = Served(
+                    v.name, cfg.keep_ratio, result.served_text, ids, len(ids), len(ids), ms
+                )
+                continue
             out[v.name] = Served.compressed(v.name, cfg.keep_ratio, result, ms)
         return out
 

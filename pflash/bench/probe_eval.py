@@ -151,36 +151,24 @@ def compare_case(
 ) -> dict:
     """Compress one case from one drafter run with probe segments (`segments` probe, or
     auto: probe when the gate finds enough boundaries) and with fixed chunks."""
-    from pflash.cli.compress import CompressRequest, encode_request
-    from pflash.compress.pipeline import PromptInput, finish, prepare
+    from pflash.compress.rendered import render_chat_prompt
+    from pflash.compressor import ScoreOnce, compress_in_process
 
     base = {"mode": "always", "keep_ratio": keep, "select_chunk_size": chunks[0]}
-    probe_cfg = env.config(base | {"select_segments": segments})
-    req = CompressRequest(messages=case.messages())
-    ids = encode_request(env.tokenizer, req)
-    kw = dict(target_tokenizer=env.tokenizer, drafter_tokenizer=env.tokenizer)
-    prepared = prepare(PromptInput(prompt_ids=ids, messages=req.messages), config=probe_cfg, **kw)
-    scores = env.scorer(prepared.score_request)
-    boundary, subunit = env.probe(scores)
-    out = {"function": case.function, "file": case.file, "tokens": prepared.plan.n_tokens}
+    prompt = render_chat_prompt(env.tokenizer, case.messages())
+    once = ScoreOnce(env.scorer)  # one drafter run serves every variant below
+    kw = dict(target_tokenizer=env.tokenizer, drafter_tokenizer=env.tokenizer, scorer=once)
+    out = {"function": case.function, "file": case.file}
     for name, score in (("probe", "auto"), ("probe_sum", "sum")):
         cfg = env.config(base | {"select_segments": segments, "select_score": score})
-        result = finish(
-            prepared,
-            scores,
-            config=cfg,
-            boundary=boundary,
-            subunit=subunit,
-            probe_params=env.probe.params,
-            **kw,
-        )
-        out[name] = retention(result, prepared.plan, case.source).__dict__
+        result = compress_in_process(prompt, cfg, probe=env.probe, **kw)
+        out["tokens"] = result.plan.n_tokens
+        out[name] = retention(result, result.plan, case.source).__dict__
         out[f"{name}_segments"] = result.stats["segments"]
     for c in chunks:
         cfg = env.config(base | {"select_segments": "fixed", "select_chunk_size": c})
-        again = prepare(PromptInput(prompt_ids=ids, messages=req.messages), config=cfg, **kw)
-        result = finish(again, scores, config=cfg, **kw)
-        out[f"fixed{c}"] = retention(result, again.plan, case.source).__dict__
+        result = compress_in_process(prompt, cfg, **kw)
+        out[f"fixed{c}"] = retention(result, result.plan, case.source).__dict__
     return out
 
 

@@ -14,7 +14,7 @@ Per case, turn and method the runner records (`TurnResult`, one JSONL line):
 Two engines run the same loop:
 
 - `InProcessEngine` (quality numbers): the real drafter (`DrafterScorer`) and the real
-  pipeline (`pflash.pipeline.prepare`/`finish`), the embedded model as the target through
+  own flow (`pflash.compressor`), the embedded model as the target through
   `TransformersTarget` with prefix snapshots off, so every prefill is cold. A keep-ratio
   sweep reuses one drafter pass per turn: the scores do not depend on the ratio, only
   the selection does.
@@ -281,44 +281,35 @@ class InProcessEngine:
         return Served("full", 1.0, self.decode(ids), ids, len(ids), len(ids), 0.0)
 
     def pflash(self, messages: list[dict], ratios: Sequence[float], trace=None) -> list[Served]:
-        """Compress at each ratio with one drafter pass (prepare → score once → finish)."""
-        from pflash.compress.pipeline import PromptInput, finish, prepare
+        """Compress at each ratio with one drafter pass (the scores do not depend on the ratio);
+        each ratio's time includes that pass."""
+        from pflash.compress.rendered import render_chat_prompt
+        from pflash.compressor import ScoreOnce, compress_in_process
         from pflash.config import build_config
 
-        ids = self.encode(messages)
-        inp = PromptInput(prompt_ids=ids, messages=messages)
-        kw = dict(target_tokenizer=self.target_tokenizer, drafter_tokenizer=self.drafter_tokenizer)
-        out, scores, score_ms, boundary, subunit = [], None, 0.0, None, None
+        prompt = render_chat_prompt(self.target_tokenizer, messages)
+        ids = prompt.ids
+        once = ScoreOnce(self.scorer)
+        out = []
         for r in ratios:
             cfg = build_config(
                 {**self.config.model_dump(), "mode": "always", "keep_ratio": r, "curve": ()},
                 env={},
             )
             t0 = time.perf_counter()
-            prepared = prepare(inp, config=cfg, **kw)
-            prepare_ms = (time.perf_counter() - t0) * 1000
-            if not prepared.compress:
-                text = prepared.prompt_text
-                out.append(Served("pflash", r, text, ids, len(ids), len(ids), prepare_ms))
-                continue
-            if scores is None:  # one drafter (and probe) pass serves every ratio
-                t0 = time.perf_counter()
-                scores = self.scorer(prepared.score_request)
-                if self.probe is not None and prepared.score_request.want_tap:
-                    boundary, subunit = self.probe(scores)
-                score_ms = (time.perf_counter() - t0) * 1000
-            t0 = time.perf_counter()
-            result = finish(
-                prepared,
-                scores,
-                config=cfg,
+            result = compress_in_process(
+                prompt,
+                cfg,
+                target_tokenizer=self.target_tokenizer,
+                drafter_tokenizer=self.drafter_tokenizer,
+                scorer=once,
+                probe=self.probe,
                 trace=trace,
-                boundary=boundary,
-                subunit=subunit,
-                probe_params=self.probe.params if self.probe is not None else None,
-                **kw,
             )
-            ms = prepare_ms + score_ms + (time.perf_counter() - t0) * 1000
+            ms = (time.perf_counter() - t0) * 1000 + (once.last_ms if once.hit else 0.0)
+            if not result.compressed:
+                out.append(Served("pflash", r, result.served_text, ids, len(ids), len(ids), ms))
+                continue
             out.append(Served.compressed("pflash", r, result, ms))
         return out
 

@@ -3,8 +3,8 @@
 FILE is a chat request (`{"messages": [...], "tools"?, "pflash_query"?, "pflash_required"?,
 "chat_template_kwargs"?}`), a raw completion (`{"prompt": "..."}`), or plain text (a raw
 completion prompt). Chats are rendered with the target tokenizer's chat template and
-encoded exactly as the server's ingress does, then compressed by `pflash.pipeline.compress`
-with `mode: always` and the drafter `DrafterScorer`.
+encoded exactly as the server's ingress does, then compressed by the server's own
+`pflash.compressor.Compressor` with `mode: always` and the drafter `DrafterScorer`.
 
 Output: the compressed prompt, then the stats; with `--json` one object
 `{"prompt": str, "stats": {...}}`. The stats use the `usage.timings.pflash` names, plus
@@ -144,10 +144,12 @@ def load_drafter(spec: str):
 def compress_request(
     request: CompressRequest, config: PFlashConfig, *, target_tokenizer_spec: str | None = None
 ) -> CompressReport:
-    """Render, encode and compress one request with the real drafter under `config`."""
+    """Render, encode and compress one request with the real drafter under `config`: the
+    same `Compressor` the server runs, in process, without views (a file is one turn)."""
     from pflash.api import PFlashStats
-    from pflash.compress.pipeline import PromptInput, compress
+    from pflash.compressor import compress_in_process
     from pflash.models.drafter.scorer import DrafterScorer
+    from pflash.models.probe import probe_for
     from pflash.models.source import load_tokenizer
     from pflash.trace import TraceWriter
 
@@ -155,56 +157,49 @@ def compress_request(
         target_tokenizer_spec or config.target_tokenizer or config.target
     )
     drafter_tokenizer = load_tokenizer(config.drafter_tokenizer or config.drafter)
-    inp = PromptInput(
-        prompt_ids=encode_request(target_tokenizer, request),
-        messages=request.messages,
-        tools=request.tools,
-        chat_template_kwargs=request.chat_template_kwargs,
-        pflash_query=request.pflash_query,
-        pflash_required=request.pflash_required,
-    )
+    prompt = render_request(target_tokenizer, request)
     scorer = DrafterScorer(config, load_drafter(config.drafter))
-    from pflash.models.probe import probe_for
-
     probe = probe_for(config, scorer)
     trace = TraceWriter(config.trace_path) if config.trace_path else None
     try:
-        result = compress(
-            inp,
-            config=config,
+        result = compress_in_process(
+            prompt,
+            config,
             target_tokenizer=target_tokenizer,
             drafter_tokenizer=drafter_tokenizer,
             scorer=scorer,
             probe=probe,
-            probe_params=probe.params if probe is not None else None,
             trace=trace,
+            pflash_query=request.pflash_query,
+            pflash_required=request.pflash_required,
         )
     finally:
         if trace is not None:
             trace.close()
     # Through the API model: the names and units are exactly usage.timings.pflash (no views here).
     timings = PFlashStats(**result.stats).model_dump(exclude={"view"})
-    stats = {"prompt_tokens": len(inp.prompt_ids), **timings}
+    stats = {"prompt_tokens": len(prompt.ids), **timings}
     return CompressReport(prompt=result.served_text, stats=stats)
 
 
-def encode_request(target_tokenizer, request: CompressRequest) -> tuple[int, ...]:
-    """Target tokens of the prompt as the ingress builds them: a chat rendered with the
-    target's template (no special tokens added), a raw prompt with the tokenizer's own."""
-    if request.messages is None:
-        return tuple(target_tokenizer(request.prompt, add_special_tokens=True)["input_ids"])
-    from pflash.compress.chat import render_chat
+def render_request(target_tokenizer, request: CompressRequest):
+    """The prompt as the ingress renders it: a chat with the target's template (no special
+    tokens added), a raw prompt with the tokenizer's own."""
+    from pflash.compress.rendered import render_chat_prompt, render_completion_prompt
 
-    kwargs = dict(request.chat_template_kwargs or {})
-    thinking = kwargs.pop("enable_thinking", None)
-    text = render_chat(
+    if request.messages is None:
+        return render_completion_prompt(target_tokenizer, request.prompt)
+    return render_chat_prompt(
         target_tokenizer,
         request.messages,
         tools=request.tools,
-        enable_thinking=thinking,
-        template_kwargs=kwargs,
+        template_kwargs=request.chat_template_kwargs,
     )
-    return tuple(target_tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_request(target_tokenizer, request: CompressRequest) -> tuple[int, ...]:
+    """Target tokens of the prompt as the ingress builds them (`render_request`)."""
+    return render_request(target_tokenizer, request).ids
 
 
 def format_report(report: CompressReport) -> str:

@@ -3,12 +3,11 @@
 With `select_lexical` on, selection first keeps the lexical evidence (pflash/compress/lexical.py:
 text sharing rare words with the question) inside the budget, then fills by attention.
 
-Split in two halves around the drafter call so the Ray ingress can await the remote scorer
-between them (and the CLI/tests can call one `compress` with a local scorer):
+Split in two pure halves around the drafter call, which `compress/compressor.py` (the one
+flow every caller uses) awaits between them:
 
-    prepared = prepare(inp, ...)              # pure: plan, budget, gate, the ScoreRequest
-    scores   = scorer(prepared.score_request) # the drafter (remote in the Serve app)
-    result   = finish(prepared, scores, ...)  # pure: select, assemble, ceiling retries
+    prepare(inp, ...)          plan, budget, gate, the ScoreRequest
+    finish(prepared, scores)   select, assemble, ceiling retries
 
 Everything fails closed: a plan, scorer, selection or ceiling failure raises
 `CompressionFailed` naming the stage; nothing here silently serves the original prompt.
@@ -19,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +29,7 @@ from pflash.compress.budget import BudgetPlan, configured_keep_ratio, plan_budge
 from pflash.compress.lexical import LexicalEvidence, LexicalParams, find_lexical_evidence
 from pflash.compress.position_prior import lift_over_prior
 from pflash.compress.query import Plan, plan_prompt
-from pflash.compress.scoring import Scorer, ScoreRequest, ScoreResult, candidate_lifts
+from pflash.compress.scoring import ScoreRequest, ScoreResult, candidate_lifts
 from pflash.compress.segments import ProbeParams, segment
 from pflash.compress.selection import (
     Candidates,
@@ -68,6 +67,7 @@ class PromptInput:
     max_context: int | None = None
     session_key: str | None = None
     r0: float | None = None  # the adaptive controller's ratio for this session, if any
+    prompt_text: str | None = None  # the target text of prompt_ids when the caller has it
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,11 @@ def prepare(
     drafter_tokenizer,
 ) -> Prepared:
     """Plan queries and pins, size the budget, and decide whether to compress at all."""
-    prompt_text = decode_ids(target_tokenizer, inp.prompt_ids)
+    prompt_text = (
+        inp.prompt_text
+        if inp.prompt_text is not None
+        else decode_ids(target_tokenizer, inp.prompt_ids)
+    )
     plan = plan_prompt(
         prompt_text=prompt_text,
         drafter_tokenizer=drafter_tokenizer,
@@ -541,6 +545,15 @@ def scorer_failure_action(stage: str, config: PFlashConfig) -> str:
 # ---------------------------------------------------------------------------- one call
 
 
+def passthrough(prompt_ids: tuple[int, ...], prompt_text: str) -> Compressed:
+    """pflash_mode off: serve the prompt as sent, without planning it (`prompt_text` may be
+    "" when nobody reads it)."""
+    stats = {"compressed_tokens": len(prompt_ids), "keep_ratio": 1.0, "stop_reason": "mode_off"}
+    return Compressed(
+        False, tuple(prompt_ids), prompt_text, (), (), stats, None, "mode_off", len(prompt_ids)
+    )
+
+
 def uncompressed(prepared: Prepared) -> Compressed:
     """The original prompt, for a request the gate chose not to compress."""
     ids = prepared.input.prompt_ids
@@ -563,43 +576,4 @@ def uncompressed(prepared: Prepared) -> Compressed:
         prepared.plan,
         prepared.reason,
         len(ids),
-    )
-
-
-def compress(
-    inp: PromptInput,
-    *,
-    config: PFlashConfig,
-    target_tokenizer,
-    drafter_tokenizer,
-    scorer: Scorer,
-    probe: Callable[[ScoreResult], tuple[np.ndarray, np.ndarray | None]] | None = None,
-    probe_params: ProbeParams | None = None,
-    trace: TraceWriter | None = None,
-) -> Compressed:
-    """`prepare` → scorer → (probe) → `finish`, in process. The gate may decline to compress."""
-    prepared = prepare(
-        inp, config=config, target_tokenizer=target_tokenizer, drafter_tokenizer=drafter_tokenizer
-    )
-    if not prepared.compress:
-        return uncompressed(prepared)
-    try:
-        scores = scorer(prepared.score_request)
-    except CompressionFailed:
-        raise
-    except Exception as exc:  # any scorer crash is a drafter-stage failure, never a bypass
-        raise CompressionFailed("drafter", f"{type(exc).__name__}: {exc}") from exc
-    boundary = subunit = None
-    if probe is not None and prepared.score_request.want_tap:
-        boundary, subunit = probe(scores)
-    return finish(
-        prepared,
-        scores,
-        config=config,
-        target_tokenizer=target_tokenizer,
-        drafter_tokenizer=drafter_tokenizer,
-        boundary=boundary,
-        subunit=subunit,
-        probe_params=probe_params,
-        trace=trace,
     )

@@ -1,4 +1,4 @@
-"""pipeline.compress end to end on real tokenizers with deterministic scorers.
+"""The compression flow (pflash.compressor) end to end on real tokenizers with deterministic scorers.
 
 The scorers here are test doubles of the drafter (pure functions of the token ids): they
 put attention mass on the needle sentence's tokens, so what is asserted is the pipeline's
@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from pflash.compress.chat import render_chat
-from pflash.compress.pipeline import PromptInput, compress, prepare
+from pflash.compress.pipeline import PromptInput, prepare
+from pflash.compress.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
+from pflash.compressor import compress_in_process
 from pflash.config import build_config
 from pflash.errors import CompressionFailed
 from pflash.trace import TraceWriter, read_traces
@@ -35,6 +37,31 @@ def _chat(tokenizer, system: str = "Answer briefly."):
     text = render_chat(tokenizer, messages)
     ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
     return messages, ids
+
+
+def compress(inp: PromptInput, *, config, target_tokenizer, drafter_tokenizer, scorer, trace=None):
+    """The product flow (`pflash.compressor`) in process for a planned-style input: views
+    off (no store), the same prepare → score → finish the server runs."""
+    prompt = RenderedPrompt(
+        "chat" if inp.messages is not None else "completion",
+        inp.prompt_ids,
+        target_tokenizer,
+        messages=inp.messages,
+        tools=inp.tools,
+        template_kwargs=inp.chat_template_kwargs,
+    )
+    return compress_in_process(
+        prompt,
+        config,
+        target_tokenizer=target_tokenizer,
+        drafter_tokenizer=drafter_tokenizer,
+        scorer=scorer,
+        trace=trace,
+        max_context=inp.max_context,
+        max_output=inp.max_output,
+        pflash_query=inp.pflash_query,
+        pflash_required=inp.pflash_required,
+    )
 
 
 def needle_scorer(req, tokenizer_text):

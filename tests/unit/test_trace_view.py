@@ -125,7 +125,8 @@ def test_several_records_get_numbered_pages(tmp_path):
 @pytest.mark.model
 def test_real_trace_renders_valid_html_containing_every_kept_segment(tmp_path, smollm2_tokenizer):
     from pflash.cli.compress import load_drafter
-    from pflash.compress.pipeline import PromptInput, compress
+    from pflash.compress.rendered import RenderedPrompt
+    from pflash.compressor import compress_in_process
     from pflash.config import build_config
     from pflash.corpus.cases import CaseSpec, generate, token_counter
     from pflash.models.drafter.scorer import DrafterScorer
@@ -139,9 +140,9 @@ def test_real_trace_renders_valid_html_containing_every_kept_segment(tmp_path, s
     ids = tuple(smollm2_tokenizer(text, add_special_tokens=False)["input_ids"])
     path = tmp_path / "trace.jsonl"
     writer = TraceWriter(path)
-    compress(
-        PromptInput(prompt_ids=ids, messages=messages),
-        config=config,
+    compress_in_process(
+        RenderedPrompt("chat", ids, smollm2_tokenizer, messages=messages),
+        config,
         target_tokenizer=smollm2_tokenizer,
         drafter_tokenizer=smollm2_tokenizer,
         scorer=DrafterScorer(config, load_drafter(config.drafter)),

@@ -1,0 +1,101 @@
+"""The prompt a request asks the target to prefill, rendered once (`RenderedPrompt`).
+
+A chat is rendered with the target's chat template and encoded exactly once here; every
+later stage (the gate, the plan, the view keys, the snapshot cut) reads this object instead
+of rendering or encoding the chat again. A raw completion is its own prompt: text encoded
+with the tokenizer's special tokens (a BOS where the tokenizer adds one), or token ids as
+sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal
+
+from pflash.compress.chat import render_chat
+from pflash.errors import InvalidRequest
+from pflash.spans import Tokenizer, decode_ids
+
+PromptKind = Literal["chat", "completion"]
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """One request's prompt in the target's vocabulary.
+
+    - `ids`: target tokens, exactly what the target prefills when nothing is compressed;
+    - `snapshot_cut`: target index where the generation prompt starts (chat only, None when
+      the rendering without it is not a token prefix): the target may keep a KV snapshot of
+      everything before it, which the conversation's next turn extends;
+    - `messages` / `tools` / `template_kwargs`: the chat inputs that rendered it (None for a
+      raw completion), for the planner's pinned spans;
+    - `text` (lazy): the target text of `ids` (decoded once, on first use).
+    """
+
+    kind: PromptKind
+    ids: tuple[int, ...]
+    tokenizer: Tokenizer = field(repr=False, compare=False)
+    snapshot_cut: int | None = None
+    messages: Sequence[Mapping] | None = None
+    tools: Sequence[Mapping] | None = None
+    template_kwargs: Mapping[str, Any] | None = None
+
+    @cached_property
+    def text(self) -> str:
+        return decode_ids(self.tokenizer, self.ids)
+
+
+def render_chat_prompt(
+    tokenizer: Tokenizer,
+    messages: Sequence[Mapping],
+    *,
+    tools: Sequence[Mapping] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> RenderedPrompt:
+    """A chat rendered with the target's template (generation prompt added) and encoded
+    without special tokens (the template writes them). The snapshot cut is where the
+    rendering without the generation prompt ends, when that is a token prefix."""
+    kwargs = dict(template_kwargs or {})
+    thinking = kwargs.pop("enable_thinking", None)
+    text = render_chat(
+        tokenizer, messages, tools=tools, enable_thinking=thinking, template_kwargs=kwargs
+    )
+    ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+    head = render_chat(
+        tokenizer,
+        messages,
+        tools=tools,
+        enable_thinking=thinking,
+        template_kwargs=kwargs,
+        add_generation_prompt=False,
+    )
+    head_ids = tokenizer(head, add_special_tokens=False)["input_ids"]
+    cut = (
+        len(head_ids)
+        if 0 < len(head_ids) < len(ids) and tuple(head_ids) == ids[: len(head_ids)]
+        else None
+    )
+    return RenderedPrompt(
+        "chat",
+        ids,
+        tokenizer,
+        snapshot_cut=cut,
+        messages=messages,
+        tools=tools,
+        template_kwargs=template_kwargs,
+    )
+
+
+def render_completion_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> RenderedPrompt:
+    """A raw completion prompt: text encoded with the tokenizer's special tokens, or token
+    ids checked against the vocabulary (an id outside it is a 400 naming `prompt`)."""
+    if isinstance(prompt, str):
+        return RenderedPrompt(
+            "completion", tuple(tokenizer(prompt, add_special_tokens=True)["input_ids"]), tokenizer
+        )
+    vocab = len(tokenizer)
+    if any(t < 0 or t >= vocab for t in prompt):
+        raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
+    return RenderedPrompt("completion", tuple(prompt), tokenizer)

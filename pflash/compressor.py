@@ -1,0 +1,502 @@
+"""The one compression flow of a request: gate → plan → view → score → probe → select →
+assemble → fit, with every decision made here and every remote part injected.
+
+The ingress, `pflash compress` and the benchmark runners all call `Compressor.run`; what
+differs between them is only what is plugged in:
+
+- `scorer(request, conversation)`: the drafter. It returns an awaitable of `ScoreResult`
+  that may be awaited more than once (a Ray `DeploymentResponse`, or an asyncio task for an
+  in-process scorer), so the same awaitable can be handed to the probe: in the Serve app
+  the drafter's response then travels to the SegmentProbe as an object ref, never through
+  the ingress.
+- `probe`: the segment probe (`ProbeClient`), or None when none is configured.
+- `store`: where views and adaptive keep ratios live (`StoreClient`), or None: without a
+  store there are no views (every request is a fresh compression) and no adaptive keep.
+- `max_context`: the target's context in tokens (an int, or an async callable asked once).
+- `record(name, value=1.0, **tags)`: metrics (pflash/metrics.py names); a no-op by default.
+- `offload(fn, *args, **kwargs)`: where the pure CPU steps (plan, select, view decision)
+  run. The ingress passes `asyncio.to_thread` so its event loop keeps serving; in-process
+  callers run them inline.
+
+Fail closed: a scorer, probe, mapping, selection or ceiling failure raises
+`CompressionFailed` naming the stage. Only a drafter-stage failure under
+`on_drafter_error: bypass` serves the prompt uncompressed (counted as a bypass).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from pflash.compress.budget import configured_keep_ratio
+from pflash.compress.pipeline import (
+    Compressed,
+    PromptInput,
+    finish,
+    passthrough,
+    prepare,
+    scorer_failure_action,
+    uncompressed,
+)
+from pflash.compress.rendered import (
+    RenderedPrompt,
+    render_chat_prompt,
+    render_completion_prompt,
+)
+from pflash.compress.scoring import ScoreRequest, ScoreResult
+from pflash.compress.segments import ProbeParams
+from pflash.config import PFlashConfig
+from pflash.errors import CompressionFailed, InvalidRequest
+from pflash.views.decision import View, decide_view, served_result, view_keys
+
+log = logging.getLogger(__name__)
+
+AsyncScorer = Callable[[ScoreRequest, str], Awaitable[ScoreResult]]
+
+
+class ProbeClient(Protocol):
+    """The segment probe: its cut parameters, and unit boundaries for a scored prompt."""
+
+    async def params(self) -> ProbeParams: ...
+
+    async def segment(
+        self, scored: Awaitable[ScoreResult]
+    ) -> tuple[np.ndarray, np.ndarray | None]: ...
+
+
+class StoreClient(Protocol):
+    """Views and adaptive keep ratios, shared by every ingress replica in the Serve app."""
+
+    async def lookup(self, tenant: str, keys: tuple) -> View | None: ...
+
+    async def remember(self, view: View) -> None: ...
+
+    async def keep_ratio(self, session: str, r0: float) -> float: ...
+
+    async def report_acceptance(self, session: str, accept_rate: float, r0: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class CompressionRequest:
+    """One request's inputs to the flow, besides the rendered prompt.
+
+    - `config`: the server config with this request's allowed overrides applied;
+    - `tenant`: whose state (views) this request may see; `conversation`: its affinity key
+      (also the drafter/target session id); `session_id`: the client's own session id
+      (the adaptive keep ratio follows only client-named sessions);
+    - `max_output`: max_tokens (target tokens; 0 when unset);
+    - `keep_text`: the caller needs the served text even when nothing is compressed
+      (pflash_return_prompt), so mode off decodes it.
+    """
+
+    prompt: RenderedPrompt
+    config: PFlashConfig
+    tenant: str = "anonymous"
+    conversation: str = ""
+    session_id: str | None = None
+    pflash_query: str | None = None
+    pflash_required: tuple[str, ...] = ()
+    max_output: int = 0
+    keep_text: bool = False
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the target is asked to prefill, and where its KV snapshot may be cut (target
+    tokens: the generation-prompt start, so the next turn extends the snapshot)."""
+
+    compressed: Compressed
+    snapshot_cut: int | None
+
+
+def _no_metrics(name: str, value: float = 1.0, **tags: Any) -> None:
+    return None
+
+
+async def inline(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a pure step in the calling thread (in-process callers)."""
+    return fn(*args, **kwargs)
+
+
+class Compressor:
+    """The flow of one request (see the module docstring for what is injected)."""
+
+    def __init__(
+        self,
+        *,
+        target_tokenizer: Any,
+        drafter_tokenizer: Any,
+        scorer: AsyncScorer,
+        probe: ProbeClient | None = None,
+        store: StoreClient | None = None,
+        max_context: int | Callable[[], Awaitable[int]] | None = None,
+        record: Callable[..., None] = _no_metrics,
+        trace: Any = None,
+        offload: Callable[..., Awaitable[Any]] = inline,
+    ):
+        self.target_tokenizer = target_tokenizer
+        self.drafter_tokenizer = drafter_tokenizer
+        self.scorer = scorer
+        self.probe = probe
+        self.store = store
+        self._max_context = max_context
+        self.record = record
+        self.trace = trace
+        self.offload = offload
+        self._probe_params: ProbeParams | None = None
+
+    async def max_context(self) -> int | None:
+        if callable(self._max_context):
+            self._max_context = int(await self._max_context())
+        return self._max_context
+
+    # ------------------------------------------------------------------ the flow
+    async def run(self, request: CompressionRequest) -> Served:
+        """Gate → (view) → drafter → select/assemble → context fit; fail closed."""
+        config, prompt = request.config, request.prompt
+        max_ctx = await self.max_context()
+        if config.mode == "off":
+            text = prompt.text if request.keep_text else ""
+            result, cut = passthrough(prompt.ids, text), prompt.snapshot_cut
+        else:
+            r0 = configured_keep_ratio(config, len(prompt.ids))
+            if config.adaptive_keep and request.session_id:
+                r0 = await self._store_call("keep_ratio", request.conversation, r0, default=r0)
+            inp = PromptInput(
+                prompt_ids=prompt.ids,
+                messages=prompt.messages,
+                tools=prompt.tools,
+                chat_template_kwargs=prompt.template_kwargs,
+                pflash_query=request.pflash_query,
+                pflash_required=request.pflash_required,
+                max_output=request.max_output,
+                max_context=max_ctx,
+                session_key=request.conversation,
+                r0=r0,
+                prompt_text=prompt.text,
+            )
+            prepared = await self.offload(prepare, inp, **self._kw(config))
+            if (
+                self.store is not None
+                and prompt.kind == "chat"
+                and config.chat_view
+                and config.strict
+            ):
+                result, view_cut = await self._serve_view(prepared, request)
+                cut = view_cut if result.compressed else prompt.snapshot_cut
+            else:
+                result = await self._fresh(prepared, request)
+                # the render's cut indexes the raw prompt: only valid when that is served
+                cut = None if result.compressed else prompt.snapshot_cut
+        check_context(result, request, max_ctx)
+        return Served(result, cut)
+
+    def run_sync(self, request: CompressionRequest) -> Served:
+        """`run` for callers without an event loop (the CLI, benchmarks, tests)."""
+        return asyncio.run(self.run(request))
+
+    async def feedback(
+        self,
+        compressed: Compressed,
+        config: PFlashConfig,
+        session: str | None,
+        accept_rate: float | None,
+    ) -> None:
+        """Speculative-decoding acceptance moves the session's adaptive keep ratio (§6.6):
+        lower acceptance reads as lost context, so the next turn keeps more."""
+        if not session or accept_rate is None or not compressed.compressed:
+            return
+        if not config.adaptive_keep:
+            return
+        r0 = configured_keep_ratio(config, compressed.original_tokens)
+        await self._store_call("report_acceptance", session, accept_rate, r0, default=None)
+
+    def _kw(self, config: PFlashConfig) -> dict[str, Any]:
+        return {
+            "config": config,
+            "target_tokenizer": self.target_tokenizer,
+            "drafter_tokenizer": self.drafter_tokenizer,
+        }
+
+    async def _fresh(self, prepared, request: CompressionRequest) -> Compressed:
+        """A fresh compression (the drafter runs), or the prompt as is when the gate declined."""
+        config = request.config
+        if not prepared.compress:
+            self.record("pflash_bypasses", reason=prepared.reason)
+            return uncompressed(prepared)
+        try:
+            response = self.scorer(prepared.score_request, request.conversation)
+            boundary = subunit = None
+            if self.probe is not None and prepared.score_request.want_tap:
+                if self._probe_params is None:
+                    self._probe_params = await self.probe.params()
+                boundary, subunit = await self.probe.segment(response)
+            scores = await response
+            result = await self.offload(
+                finish,
+                prepared,
+                scores,
+                trace=self.trace,
+                boundary=boundary,
+                subunit=subunit,
+                probe_params=self._probe_params,
+                **self._kw(config),
+            )
+        except Exception as exc:
+            err = unwrap_remote_error(exc)
+            stage = err.stage if isinstance(err, CompressionFailed) else "drafter"
+            self.record("pflash_errors", stage=stage)
+            if scorer_failure_action(stage, config) == "bypass":
+                log.warning(
+                    "drafter failed, serving uncompressed (on_drafter_error=bypass): %s", err
+                )
+                self.record("pflash_bypasses", reason="drafter_error")
+                return uncompressed(prepared)
+            if isinstance(err, CompressionFailed):
+                raise err from None
+            raise CompressionFailed("drafter", f"{type(err).__name__}: {err}") from None
+        self.record("pflash_compression_seconds", result.stats.get("compress_ms", 0.0) / 1000.0)
+        self.record("pflash_drafter_forward_seconds", scores.scorer_forward_ms / 1000.0)
+        return result
+
+    async def _serve_view(
+        self, prepared, request: CompressionRequest
+    ) -> tuple[Compressed, int | None]:
+        """The multi-turn path (§6.1): look the conversation's view up, decide, run the
+        drafter only when the decision needs a fresh compression, remember the new view."""
+        tenant = request.tenant
+        keys = view_keys(prepared, self.target_tokenizer)
+        view = await self._store_call("lookup", tenant, keys, default=None)
+
+        def decide(fresh):
+            return decide_view(
+                prepared,
+                view,
+                fresh,
+                tenant=tenant,
+                conversation=request.conversation,
+                now=time.time(),
+                **self._kw(request.config),
+            )
+
+        decision = await self.offload(decide, None)
+        fresh = None
+        if decision.needs_compression:
+            fresh = await self._fresh(prepared, request)
+            decision = await self.offload(decide, fresh)
+        if decision.view is not None:
+            await self._store_call("remember", decision.view, default=None)
+        self.record("pflash_view_outcomes", mode=decision.mode)
+        if decision.recalled_tokens:
+            self.record("pflash_recalled_tokens", decision.recalled_tokens)
+        if decision.mode == "rebuild":
+            self.record("pflash_rebuilds", reason=decision.reason or "rebuild")
+        return served_result(decision, prepared, fresh), decision.snapshot_cut
+
+    async def _store_call(self, method: str, *args: Any, default: Any) -> Any:
+        """Views are a cache: a failed store call means "no view", never a failed request."""
+        if self.store is None:
+            return default
+        try:
+            return await getattr(self.store, method)(*args)
+        except Exception as exc:
+            log.warning("session store %s failed (%s); continuing without it", method, exc)
+            return default
+
+
+def render_request(req: Any, kind: str, target_tokenizer: Any) -> RenderedPrompt:
+    """The prompt of a parsed API request (`pflash.api` chat or completion request)."""
+    if kind == "completion":
+        return render_completion_prompt(target_tokenizer, req.prompt)
+    return render_chat_prompt(
+        target_tokenizer,
+        req.template_messages(),
+        tools=req.template_tools(),
+        template_kwargs=req.chat_template_kwargs,
+    )
+
+
+def compression_request(
+    req: Any, prompt: RenderedPrompt, config: PFlashConfig, tenant: str
+) -> CompressionRequest:
+    """The flow's input for a parsed API request whose `config` has the request's overrides
+    applied (`config.with_request_overrides`)."""
+    return CompressionRequest(
+        prompt=prompt,
+        config=config,
+        tenant=tenant,
+        conversation=conversation_key(tenant, req.session_id, prompt.messages, prompt.ids),
+        session_id=req.session_id,
+        pflash_query=req.pflash_query,
+        pflash_required=tuple(req.pflash_required or ()),
+        max_output=req.sampling_params().max_tokens or 0,
+        keep_text=req.pflash_return_prompt,
+    )
+
+
+def conversation_key(
+    tenant: str,
+    session_id: str | None,
+    messages: Sequence[Mapping] | None,
+    prompt_ids: tuple[int, ...],
+) -> str:
+    """Affinity key: the client's session id, else tenant + hash of the conversation's start
+    (up to the end of the first user turn), so every turn of a chat maps to the same key."""
+    if session_id:
+        return f"{tenant}:{session_id}"
+    h = hashlib.sha256(tenant.encode())
+    if messages:
+        head = []
+        for m in messages:
+            head.append({"role": m.get("role"), "content": m.get("content")})
+            if m.get("role") == "user":
+                break
+        h.update(json.dumps(head, sort_keys=True, default=str).encode())
+    else:
+        h.update(repr(prompt_ids[:256]).encode())
+    return f"{tenant}:{h.hexdigest()[:24]}"
+
+
+def check_context(result: Compressed, request: CompressionRequest, max_ctx: int | None) -> None:
+    """The served prompt plus max_tokens must fit the target's context (target tokens)."""
+    if max_ctx is None:
+        return
+    served, max_output = len(result.served_ids), request.max_output
+    if served + max(1, max_output) > max_ctx:
+        raise InvalidRequest(
+            f"the prompt ({served} tokens served of {len(request.prompt.ids)}) plus max_tokens "
+            f"({max_output}) exceeds the context ({max_ctx}); compress it (pflash_mode) or "
+            "shorten it",
+            param="messages" if request.prompt.kind == "chat" else "prompt",
+            code="context_length_exceeded",
+        )
+
+
+def unwrap_remote_error(exc: BaseException) -> BaseException:
+    """The original exception behind a Ray task error (its attributes intact)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+# ---------------------------------------------------------------------------- in process
+
+
+def local_scorer(scorer: Callable[[ScoreRequest], ScoreResult]) -> AsyncScorer:
+    """An in-process drafter (`DrafterScorer`, or any function of a `ScoreRequest`) as the
+    flow's scorer. It runs when called; its result (or exception) is held in a future, which
+    the probe and the flow may both await."""
+
+    def score(request: ScoreRequest, conversation: str) -> Awaitable[ScoreResult]:
+        future = asyncio.get_running_loop().create_future()
+        try:
+            future.set_result(scorer(request))
+        except Exception as exc:  # surfaced where the flow awaits it, as a drafter failure
+            future.set_exception(exc)
+        return future
+
+    return score
+
+
+class LocalProbe:
+    """An in-process segment probe (`models.probe.SegmentProbe`) as a `ProbeClient`."""
+
+    def __init__(self, probe: Callable[[ScoreResult], tuple[np.ndarray, np.ndarray | None]]):
+        self.probe = probe
+
+    async def params(self) -> ProbeParams:
+        return self.probe.params
+
+    async def segment(self, scored: Awaitable[ScoreResult]) -> tuple[np.ndarray, np.ndarray | None]:
+        return self.probe(await scored)
+
+
+class LocalStore:
+    """Views and adaptive keep ratios held in this process (`views.store.ViewStore`,
+    `views.adaptive.AdaptiveKeep`), for the CLI, benchmarks and tests; the Serve app holds
+    the same objects in its SessionStore actor."""
+
+    def __init__(self, views, adaptive=None):
+        self.views = views
+        self.adaptive = adaptive
+
+    async def lookup(self, tenant: str, keys: tuple) -> View | None:
+        return self.views.lookup(tenant, keys)
+
+    async def remember(self, view: View) -> None:
+        self.views.remember(view)
+
+    async def keep_ratio(self, session: str, r0: float) -> float:
+        return r0 if self.adaptive is None else self.adaptive.ratio(session, r0)
+
+    async def report_acceptance(self, session: str, accept_rate: float, r0: float) -> None:
+        if self.adaptive is not None:
+            self.adaptive.report(session, accept_rate, r0)
+
+
+class ScoreOnce:
+    """A scorer that runs the drafter once per distinct request: benchmarks compress one
+    prompt under several configs (keep ratios, selection variants), and the scores depend
+    only on the request (ids, windows, query, scorer kind), never on the budget.
+    `last_ms` is the real pass's wall time, so a reused pass can still be charged to every
+    config's compression time."""
+
+    def __init__(self, scorer: Callable[[ScoreRequest], ScoreResult]):
+        self.scorer = scorer
+        self._key: tuple | None = None
+        self._result: ScoreResult | None = None
+        self._tapped = False
+        self.last_ms = 0.0
+        self.hit = False
+
+    def __call__(self, request: ScoreRequest) -> ScoreResult:
+        # the tap is extra output, not a different score: a pass with it serves one without
+        key = (
+            request.ids,
+            request.windows,
+            request.query,
+            request.suffix_candidates,
+            request.scorer,
+        )
+        self.hit = (
+            key == self._key and self._result is not None and (self._tapped or not request.want_tap)
+        )
+        if not self.hit:
+            t0 = time.perf_counter()
+            self._result = self.scorer(request)
+            self.last_ms = (time.perf_counter() - t0) * 1000.0
+            self._key, self._tapped = key, request.want_tap
+        return self._result
+
+
+def compress_in_process(
+    prompt: RenderedPrompt,
+    config: PFlashConfig,
+    *,
+    target_tokenizer: Any,
+    drafter_tokenizer: Any,
+    scorer: Callable[[ScoreRequest], ScoreResult],
+    probe: Any = None,
+    trace: Any = None,
+    **request: Any,
+) -> Compressed:
+    """One fresh compression in this process, no views: `Compressor.run` with in-process
+    parts (the benchmark runners and tests compress many prompts this way). `request` are
+    `CompressionRequest` fields (pflash_query, max_output, ...)."""
+    compressor = Compressor(
+        target_tokenizer=target_tokenizer,
+        drafter_tokenizer=drafter_tokenizer,
+        scorer=local_scorer(scorer),
+        probe=LocalProbe(probe) if probe is not None else None,
+        trace=trace,
+        max_context=request.pop("max_context", None),
+    )
+    job = CompressionRequest(prompt=prompt, config=config, keep_text=True, **request)
+    return compressor.run_sync(job).compressed

@@ -1,0 +1,143 @@
+"""Served prompts are byte-identical to the ones recorded through the Serve app on main
+before the compression flow was restructured (tests/fixtures/served_prompts/).
+
+The requests go through exactly what the ingress runs, in process: `pflash.api` parsing,
+`render_request`, `compression_request`, `Compressor.run` with the real embedded drafter,
+the real segment probe and an in-process view store (one per app variant, as the app has
+one SessionStore per application), in the recorded order. What is compared: the served
+text (`pflash_prompt`), `usage.prompt_tokens` and every `usage.timings.pflash` field that
+does not measure time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pflash import api
+from pflash.compressor import (
+    Compressor,
+    LocalProbe,
+    LocalStore,
+    compression_request,
+    local_scorer,
+    render_request,
+)
+from pflash.config import build_config
+
+pytestmark = pytest.mark.model
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "served_prompts"
+sys.path.insert(0, str(FIXTURES))
+from golden_requests import VARIANTS, cases, conversations  # noqa: E402
+
+TIMED = {"compress_ms", "scorer_forward_ms"}
+RECORDED = json.loads((FIXTURES / "served_prompts.json").read_text())
+
+
+def _stats(compressed) -> dict:
+    """`usage.timings.pflash` as the ingress reports it, without the timed fields."""
+    fields = {k: v for k, v in compressed.stats.items() if k in api.PFlashStats.model_fields}
+    if isinstance(fields.get("view"), dict):
+        fields["view"] = api.ViewStats(**fields["view"])
+    dumped = api.PFlashStats(**fields).model_dump(mode="json")
+    return {k: v for k, v in dumped.items() if k not in TIMED}
+
+
+class App:
+    """One app variant: serve_config.yaml's args plus the variant's, its own view store."""
+
+    def __init__(self, variant: str, loaded, tokenizer):
+        from pflash.models.drafter.scorer import DrafterScorer
+        from pflash.models.probe import probe_for
+        from pflash.views.adaptive import AdaptiveKeep
+        from pflash.views.store import ViewStore
+
+        args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
+        self.config = build_config(
+            {**args, "return_prompt_enabled": True, **VARIANTS[variant]}, env={}
+        )
+        self.tokenizer = tokenizer
+        scorer = DrafterScorer(self.config, loaded)
+        probe = probe_for(self.config, scorer)
+        self.compressor = Compressor(
+            target_tokenizer=tokenizer,
+            drafter_tokenizer=tokenizer,
+            scorer=local_scorer(scorer),
+            probe=LocalProbe(probe) if probe is not None else None,
+            store=LocalStore(
+                ViewStore.from_config(self.config), AdaptiveKeep.from_config(self.config)
+            ),
+            max_context=8192,  # the embedded target's context (max_position_embeddings)
+        )
+
+    def serve(self, endpoint: str, body: dict) -> dict:
+        body = {**body, "pflash_return_prompt": True}
+        parse = api.parse_chat_request if endpoint == "chat" else api.parse_completion_request
+        req = parse(body)
+        req.check_allowed(self.config)
+        config = self.config.with_request_overrides(
+            mode=req.pflash_mode, keep_ratio=req.pflash_keep_ratio
+        )
+        prompt = render_request(req, "chat" if endpoint == "chat" else "completion", self.tokenizer)
+        served = self.compressor.run_sync(compression_request(req, prompt, config, "anonymous"))
+        compressed = served.compressed
+        return {
+            "prompt": compressed.served_text,
+            "prompt_tokens": compressed.original_tokens,
+            "stats": _stats(compressed),
+        }
+
+
+@pytest.fixture(scope="module")
+def apps(smollm2_tokenizer):
+    from pflash.cli.compress import load_drafter
+
+    loaded = load_drafter("embedded:smollm2-135m")
+    return {v: App(v, loaded, smollm2_tokenizer) for v in VARIANTS}
+
+
+@pytest.fixture(scope="module")
+def replayed(apps):
+    """Every case, then every conversation turn, in the recorded order."""
+    out = {"cases": {}, "conversations": {}}
+    for case in cases():
+        out["cases"][case["name"]] = apps[case["variant"]].serve(case["endpoint"], case["body"])
+    for conv in conversations():
+        app = apps[conv["variant"]]
+        out["conversations"][conv["name"]] = [app.serve("chat", body) for body in conv["turns"]]
+    return out
+
+
+def _recorded_names(group: str) -> list[str]:
+    return sorted(RECORDED[group])
+
+
+@pytest.mark.parametrize("name", _recorded_names("cases"))
+def test_single_request_serves_the_recorded_prompt(replayed, name):
+    got, want = replayed["cases"][name], RECORDED["cases"][name]
+    assert got["prompt"] == want["prompt"]
+    assert got["prompt_tokens"] == want["prompt_tokens"]
+    assert got["stats"] == want["stats"]
+
+
+@pytest.mark.parametrize("name", _recorded_names("conversations"))
+def test_every_turn_of_a_conversation_serves_the_recorded_prompt(replayed, name):
+    got, want = replayed["conversations"][name], RECORDED["conversations"][name]
+    assert [t["stats"]["view"]["mode"] for t in got] == [t["stats"]["view"]["mode"] for t in want]
+    for turn, (g, w) in enumerate(zip(got, want, strict=True), start=1):
+        assert g["prompt"] == w["prompt"], f"turn {turn}"
+        assert g["prompt_tokens"] == w["prompt_tokens"], f"turn {turn}"
+        assert g["stats"] == w["stats"], f"turn {turn}"
+
+
+def test_the_recording_covers_every_view_outcome_and_gate_path():
+    modes = {t["stats"]["view"]["mode"] for c in RECORDED["conversations"].values() for t in c}
+    assert {"fresh", "continue", "continue-compressed", "rebuild", "repeat"} <= modes
+    reasons = {c["stats"]["stop_reason"] for c in RECORDED["cases"].values()}
+    assert {"mode_off", "droppable_below_threshold", "budget_reached", "legacy"} <= reasons
