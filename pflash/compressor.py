@@ -55,7 +55,8 @@ from pflash.compress.scoring import ScoreRequest, ScoreResult
 from pflash.compress.segments import ProbeParams
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, InvalidRequest
-from pflash.views.decision import View, decide_view, served_result, view_keys
+from pflash.views.decision import View, decide_view, served_result
+from pflash.views.keys import view_keys
 
 log = logging.getLogger(__name__)
 

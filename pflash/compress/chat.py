@@ -19,7 +19,7 @@ signature role markers (not its tool-output markers) count for that choice.
 
 When no family's markers are in the prompt (Llama 3, Mistral, a custom template), the
 latest user message is located by re-rendering it with sentinel strings around its content
-(`locate_content_by_sentinel`), the reference's marker-less fallback.
+(`compress/rerender.py`), the reference's marker-less fallback.
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ from pflash.spans import Span, TokenizedText, decode_ids
 ROLES = ("system", "developer", "user", "assistant", "tool")
 ASSISTANT_ROLES = frozenset({"assistant", "model"})
 TOOL_OUTPUT_PREFIXES = ("<tool_response>", "<tool_result>")
-SENTINEL_BEGIN = "__LUCE_PFLASH_CONTENT_BEGIN_02C47F91__"
-SENTINEL_END = "__LUCE_PFLASH_CONTENT_END_6E6B61A8__"
 
 # apply_chat_template arguments that chat_template_kwargs may not override.
 _RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -485,7 +483,7 @@ def parse_chat(
             raw_end, turn_end, closed = nxt.begin, nxt.begin, match.family.role_starts_delimit
         else:
             raw_end, turn_end, closed = nxt.begin, nxt.end, True
-        cb, ce = _trim(text, header_end, raw_end)
+        cb, ce = trim_span(text, header_end, raw_end)
         if role == "user" and text.startswith(TOOL_OUTPUT_PREFIXES, cb):
             role = "tool"
         turns.append(
@@ -523,7 +521,7 @@ def parse_chat(
     )
 
 
-def _trim(text: str, begin: int, end: int) -> tuple[int, int]:
+def trim_span(text: str, begin: int, end: int) -> tuple[int, int]:
     """Whitespace-trimmed [begin, end) characters; empty content collapses to `begin`."""
     b, e = begin, end
     while b < e and text[b].isspace():
@@ -541,77 +539,3 @@ def _query_turn_index(turns: Sequence[Turn], generation_turn: int | None) -> int
         if k != generation_turn and turns[k].has_content:
             return k
     return None
-
-
-# --------------------------------------------------------------------------- re-render location
-
-
-def changed_char_span(full: str, without: str) -> tuple[int, int] | None:
-    """Characters of `full` that `without` lacks: [begin, end), or None when they are equal.
-
-    A removed block can often be aligned in several places (the inserted
-    `<|im_start|>system…<|im_end|>\\n` shares its first marker with the next turn). The
-    result is the union of the prefix-first and the suffix-first alignments, so it covers
-    the removed block wherever the template put it, plus at most the ambiguous repeat.
-    """
-    if full == without:
-        return None
-    limit = min(len(full), len(without))
-    p = _common_prefix(full, without)
-    s = _common_suffix(full, without)
-    begin = min(p, limit - s)
-    end = len(full) - min(s, limit - p)
-    return (begin, end) if end > begin else None
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    lo = 0
-    step = 4096
-    while lo < n and a[lo : lo + step] == b[lo : lo + step]:
-        lo += step
-    hi = min(lo + step, n)
-    while lo < hi and a[lo] == b[lo]:
-        lo += 1
-    return min(lo, n)
-
-
-def _common_suffix(a: str, b: str) -> int:
-    return _common_prefix(a[::-1], b[::-1])
-
-
-def locate_content_by_sentinel(
-    chat: ChatInput, index: int, target_tokenizer, prompt_text: str, *, round_trip: bool = True
-) -> tuple[int, int] | None:
-    """Characters [begin, end) of message `index`'s content in `prompt_text` (reference §5.3).
-
-    Re-renders with `SENTINEL_BEGIN` prepended to (and, separately, `SENTINEL_END` appended
-    to) that message's content. When removing the sentinel from the re-render gives back
-    the prompt, its position is exact; otherwise the common prefix (suffix) length with the
-    prompt is used, as the reference does. The range is whitespace-trimmed; None when the
-    content cannot be located (empty or inconsistent).
-    """
-
-    def rendered(with_sentinel: str, before: bool) -> str:
-        messages = [dict(m) for m in chat.messages]
-        content = messages[index]["content"]
-        messages[index]["content"] = with_sentinel + content if before else content + with_sentinel
-        text = chat.render(target_tokenizer, messages=messages)
-        return target_text(target_tokenizer, text) if round_trip else text
-
-    with_begin = rendered(SENTINEL_BEGIN, True)
-    k = with_begin.find(SENTINEL_BEGIN)
-    if k >= 0 and with_begin[:k] + with_begin[k + len(SENTINEL_BEGIN) :] == prompt_text:
-        begin = k
-    else:
-        begin = _common_prefix(with_begin, prompt_text)
-    with_end = rendered(SENTINEL_END, False)
-    k = with_end.find(SENTINEL_END)
-    if k >= 0 and with_end[:k] + with_end[k + len(SENTINEL_END) :] == prompt_text:
-        end = k
-    else:
-        end = len(prompt_text) - _common_suffix(with_end, prompt_text)
-    if not (0 <= begin <= end <= len(prompt_text)):
-        return None
-    b, e = _trim(prompt_text, begin, end)
-    return (b, e) if e > b else None

@@ -11,6 +11,10 @@ This module works on **words of the drafter text**, not BPE tokens: BPE splits "
 "magic", "entries" and "entry" differently, words do not, and the result is the same for
 every tokenizer. Only the output spans are in **drafter tokens** (`Plan.drafter`).
 
+One module of ~660 lines on purpose: word extraction, the question pool, anchors, the
+phrase tier and the cascade are one pipeline over the same word index; split, each part
+would need the others' private word tables.
+
 1. Units: the text cut at newlines and sentence ends (long lines in pieces of at most
    `MAX_UNIT_CHARS`). A unit is what gets anchored and kept.
 2. Query pool: the questions of the latest user turn wherever they sit - at its edges, or

@@ -18,11 +18,9 @@ from pflash.compress.chat import (
     ASSISTANT_ROLES,
     ChatInput,
     ChatLayout,
-    changed_char_span,
-    locate_content_by_sentinel,
     parse_chat,
-    target_text,
 )
+from pflash.compress.rerender import Rerender
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, InvalidRequest
 from pflash.spans import (
@@ -189,92 +187,6 @@ def _tail(span: Span, n: int) -> Span | None:
     return Span(max(span.begin, span.end - n), span.end)
 
 
-# --------------------------------------------------------------------------- re-render pins
-
-
-class _Rerender:
-    """Re-renders of the request's chat, as the target prefills them (characters).
-
-    The prompt text must be exactly the rendering of the messages (the same template,
-    tools and thinking switch): spans located by difference are wrong otherwise, so a
-    mismatch fails with stage "span_validation". When the rendering already equals the
-    prompt text, the target's encode/decode round trip is the identity on it and
-    re-renders skip it.
-    """
-
-    def __init__(self, chat: ChatInput, target_tokenizer, prompt_text: str):
-        self.chat = chat
-        self.target = target_tokenizer
-        self.prompt_text = prompt_text
-        rendered = chat.render(target_tokenizer)
-        self.round_trip = rendered != prompt_text
-        if self.round_trip and target_text(target_tokenizer, rendered) != prompt_text:
-            raise CompressionFailed(
-                "span_validation",
-                "the prompt text is not the target's rendering of the messages "
-                "(template, tools or chat_template_kwargs differ)",
-            )
-
-    def text(self, *, messages: Sequence[dict] | None = None, drop_tools: bool = False) -> str:
-        rendered = self.chat.render(self.target, messages=messages, drop_tools=drop_tools)
-        return target_text(self.target, rendered) if self.round_trip else rendered
-
-    def message_chars(self, index: int) -> tuple[int, int] | None:
-        """Characters message `index` adds to the prompt: re-render without it and diff.
-
-        A template that cannot render the chat without it falls back to locating its
-        content with sentinels. None when the template does not render the message at all.
-        """
-        without = [m for k, m in enumerate(self.chat.messages) if k != index]
-        try:
-            if not without:
-                raise InvalidRequest("no message left")
-            changed = changed_char_span(self.prompt_text, self.text(messages=without))
-            return _with_content(
-                self.prompt_text, changed, self.chat.messages[index]["content"].strip()
-            )
-        except InvalidRequest:
-            located = locate_content_by_sentinel(
-                self.chat, index, self.target, self.prompt_text, round_trip=self.round_trip
-            )
-            if located is None:
-                role = self.chat.messages[index]["role"]
-                raise CompressionFailed(
-                    "span_validation", f"cannot locate the {role} message {index} in the prompt"
-                ) from None
-            return located
-
-    def tools_chars(self) -> tuple[int, int] | None:
-        # Tool JSON is re-serialised by the template, so there is no literal to widen with.
-        """Characters the tool definitions add: re-render with no tools and diff."""
-        return changed_char_span(self.prompt_text, self.text(drop_tools=True))
-
-    def content_chars(self, index: int) -> tuple[int, int] | None:
-        return locate_content_by_sentinel(
-            self.chat, index, self.target, self.prompt_text, round_trip=self.round_trip
-        )
-
-
-def _with_content(
-    text: str, changed: tuple[int, int] | None, content: str
-) -> tuple[int, int] | None:
-    """Widen a removal diff to the whole literal content it cut into.
-
-    A template that substitutes a default when a message is removed (SmolLM2 and Laguna
-    insert a default system prompt) makes the diff skip the words both texts share ("You
-    are"); the occurrence of the message's own content that overlaps the diff restores them.
-    """
-    if changed is None or not content:
-        return changed
-    begin, end = changed
-    pos = text.find(content, max(0, begin - len(content) + 1))
-    while 0 <= pos < end:
-        if pos + len(content) > begin:
-            return min(begin, pos), max(end, pos + len(content))
-        pos = text.find(content, pos + 1)
-    return changed
-
-
 # --------------------------------------------------------------------------- the planner
 
 
@@ -326,7 +238,7 @@ def plan_prompt(
             template_kwargs=chat_template_kwargs,
             add_generation_prompt=add_generation_prompt,
         )
-    rerender = _Rerender(chat, target_tokenizer, prompt_text) if chat is not None else None
+    rerender = Rerender(chat, target_tokenizer, prompt_text) if chat is not None else None
     layout = parse_chat(drafter, target_tokenizer, chat_template=chat_template)
     if chat is None and layout is not None and not layout.has_generation_prompt:
         layout = None  # raw text with marker-like strings but no chat prompt: plain text
@@ -533,7 +445,7 @@ def _required_spans(
 
 
 def _instruction_spans(
-    drafter: TokenizedText, chat: ChatInput | None, rerender: _Rerender | None
+    drafter: TokenizedText, chat: ChatInput | None, rerender: Rerender | None
 ) -> tuple[list[Span], list[Span]]:
     """(system, instruction_role) spans located by re-rendering (§5.5): each non-empty
     system message → system; each developer message and the tool definitions →
@@ -576,7 +488,7 @@ def _locate_user_content(
     drafter: TokenizedText,
     layout: ChatLayout | None,
     chat: ChatInput | None,
-    rerender: _Rerender | None,
+    rerender: Rerender | None,
     parser: str,
 ) -> tuple[int, int]:
     """Characters of the latest user content: the sentinel re-render under the latest_user

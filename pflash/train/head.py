@@ -1,11 +1,12 @@
 """Train the scoring head for a drafter: `pflash head train --drafter SRC --out FILE`.
 
-The head (§3.4) replaces the scoring layer's q_proj/k_proj; everything else (the layer's
+(~600 lines: data, loss, optimisation and validation of one small network in the order they
+run.) The head (§3.4) replaces the scoring layer's q_proj/k_proj; everything else (the layer's
 input_layernorm, q_norm/k_norm when the model has them, no rotary, softmax over the visible
 keys, mean over heads and rows, window mix) stays exactly as serving computes it. Stages:
 
 1. `head_corpus.examples`: retrieval prompts over real text with known evidence spans,
-   planned by `pipeline.prepare` (the serving query windows). Training uses
+   planned by `compress.pipeline.prepare` (the serving query windows). Training uses
    `TRAIN_FAMILIES` on training-split text; validation uses held-out text files and the
    held-out families `VAL_ONLY_FAMILIES`, plus a few new prompts on training text.
 2. `extract`: one drafter pass per prompt through the scorer contract

@@ -15,9 +15,13 @@ Vocabularies (every span and index says which):
 - **drafter tokens**: `Plan.drafter.ids` (the drafter's encoding of the prompt text), turn
   indices, `View.drafter_gen_begin`, `View.spans`, the delta and recalled spans.
 
-Everything here is pure: tokenizers are only read, nothing is stored. The ingress asks
-`decide_view` first without a fresh compression; when the answer is "compress first" it
-runs the drafter (`pipeline.finish`) and asks again with the result. See `decide_view`.
+Everything here is pure: tokenizers are only read, nothing is stored. The compressor
+(`pflash/compressor.py`) asks `decide_view` first without a fresh compression; when the
+answer is "compress first" it runs the drafter and asks again with the result.
+
+One module of ~630 lines on purpose: the decision's steps (§6.1 steps 1-15, recall §6.2) all
+read the same `View` record and prompt facts, and reading them top-down in one file is how
+the algorithm is checked against docs/ALGORITHM.md; the store keys live in `keys.py`.
 
 A view holds digests, not token lists, of the raw prompt and the drafter prefix: a 128K-token
 prompt kept as Python ints costs ~5 MB per copy, and a view needs them only to recognise
@@ -27,7 +31,6 @@ extends.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -44,11 +47,11 @@ from pflash.spans import (
     Tokenizer,
     canonicalize,
     decode_ids,
-    encode_with_offsets,
     subtract,
     total_tokens,
     union,
 )
+from pflash.views.keys import PrefixHash, token_digest
 
 Action = Literal["serve", "compress_first"]
 # `usage.timings.pflash.view.mode`: the outcome of a turn ("off" = no view involved)
@@ -71,76 +74,6 @@ Reason = Literal[
     "served_over_2x_fresh",  # the view is more than twice the fresh compression: rebuild
     "generation_prompt_lost",  # the extended prompt does not end with the generation prompt
 ]
-
-
-# --------------------------------------------------------------------------- digests and keys
-
-
-def token_digest(ids: Sequence[int]) -> str:
-    """Hex digest of a token list (blake2b-128 over little-endian int64 ids)."""
-    return hashlib.blake2b(_token_bytes(ids), digest_size=16).hexdigest()
-
-
-def _token_bytes(ids: Sequence[int]) -> bytes:
-    return np.asarray(ids, dtype="<i8").tobytes()
-
-
-@dataclass(frozen=True, order=True)
-class PrefixHash:
-    """The digest of `raw_ids[:length]` (target tokens): a store key."""
-
-    length: int
-    digest: str
-
-
-def boundary_hashes(
-    raw_ids: Sequence[int], turn_boundaries: Sequence[int]
-) -> tuple[PrefixHash, ...]:
-    """Digests of the raw prompt's prefixes at each turn boundary (**target** tokens).
-
-    A view is stored under the digest of `raw[:raw_gen_begin]` (everything before its
-    generation prompt). In the next turn that index is a turn boundary again (the start of
-    the assistant turn that answered), so a prompt's lookup keys are its prefixes at its
-    own turn boundaries: a lookup costs O(turns) probes and one pass over the tokens.
-    Boundaries outside (0, len(raw_ids)] are ignored; the result is sorted by length.
-    """
-    arr = np.asarray(raw_ids, dtype="<i8")
-    cuts = sorted({int(b) for b in turn_boundaries if 0 < int(b) <= len(arr)})
-    h = hashlib.blake2b(digest_size=16)
-    out, prev = [], 0
-    for b in cuts:
-        h.update(arr[prev:b].tobytes())
-        out.append(PrefixHash(b, h.copy().hexdigest()))
-        prev = b
-    return tuple(out)
-
-
-def target_turn_boundaries(plan: Plan, raw_ids: Sequence[int], target_tokenizer) -> tuple[int, ...]:
-    """Turn starts of the prompt as **target** token indices (role_begin of every turn).
-
-    Turns are parsed in drafter tokens; their character offsets are mapped through the
-    target's own encoding of the same text. A boundary that falls inside a target token, or
-    a prompt whose text does not re-encode to `raw_ids` (e.g. a BOS the template did not
-    write), yields no key: a missed lookup costs a fresh compression, never a wrong view.
-    """
-    layout = plan.layout
-    if layout is None:
-        return ()
-    target = encode_with_offsets(target_tokenizer, plan.drafter.text)
-    if target.ids != tuple(int(i) for i in raw_ids):
-        return ()
-    out = []
-    for turn in layout.turns:
-        k = target.token_at_or_after(turn.char_role_begin)
-        if k < len(target) and target.offsets[k][0] == turn.char_role_begin:
-            out.append(k)
-    return tuple(sorted(set(out)))
-
-
-def view_keys(prepared: Prepared, target_tokenizer) -> tuple[PrefixHash, ...]:
-    """The store keys to look this prompt up with: `boundary_hashes` at its turn starts."""
-    raw = prepared.input.prompt_ids
-    return boundary_hashes(raw, target_turn_boundaries(prepared.plan, raw, target_tokenizer))
 
 
 # --------------------------------------------------------------------------- the view record

@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from pflash.config import PFlashConfig
-from pflash.views.decision import PrefixHash, View
+from pflash.views.decision import View
+from pflash.views.keys import PrefixHash
 
 _Key = tuple[str, int, str]  # (tenant, prefix length in target tokens, digest)
 

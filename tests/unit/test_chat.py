@@ -13,15 +13,13 @@ from pathlib import Path
 import pytest
 
 from pflash.compress.chat import (
-    SENTINEL_BEGIN,
     ChatInput,
-    changed_char_span,
     detect_family,
-    locate_content_by_sentinel,
     parse_chat,
     render_chat,
     resolve_marker,
 )
+from pflash.compress.rerender import SENTINEL_BEGIN, changed_char_span, locate_content_by_sentinel
 from pflash.errors import InvalidRequest
 from pflash.spans import encode_with_offsets
 

@@ -20,13 +20,8 @@ from pflash.compress.pipeline import PromptInput, finish, prepare
 from pflash.compress.scoring import ScoreResult
 from pflash.config import build_config
 from pflash.spans import Span, decode_ids, subtract, union
-from pflash.views.decision import (
-    boundary_hashes,
-    decide_view,
-    served_result,
-    token_digest,
-    view_keys,
-)
+from pflash.views.decision import decide_view, served_result
+from pflash.views.keys import boundary_hashes, token_digest, view_keys
 from pflash.views.store import ViewStore
 
 NEEDLE = "The special magic quokka number is: 7318842."
