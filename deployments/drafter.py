@@ -14,7 +14,7 @@ from ray import serve
 
 from deployments.resources import apply_thread_limits
 from pflash.compress.scoring import ScoreRequest, ScoreResult
-from pflash.config import build_config
+from pflash.config import DrafterScorerPart, build_part
 from pflash.models.loading import use_device
 
 log = logging.getLogger("ray.serve")
@@ -23,18 +23,19 @@ log = logging.getLogger("ray.serve")
 @serve.deployment(name="DrafterScorer", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=2)
 class DrafterScorerDeployment:
     def __init__(self, config: dict[str, Any]):
+        """`config`: the keys of this deployment's `DrafterScorerPart` (build_app)."""
         from pflash.models.drafter.scorer import DrafterScorer
 
         self._base = dict(config)
         threads = apply_thread_limits()
-        use_device(build_config(config).device)  # tensors the model code creates land beside it
-        self.config = build_config(self._base)
+        self.config = build_part(DrafterScorerPart, self._base)
+        use_device(self.config.device)  # tensors the model code creates land beside it
         self.scorer = DrafterScorer(self.config)
         log.info("DrafterScorer ready (%d torch threads)", threads)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Live knobs (selection/query settings) need no reload; the model stays loaded."""
-        self.config = build_config({**self._base, **(user_config or {})})
+        self.config = build_part(DrafterScorerPart, {**self._base, **(user_config or {})})
         self.scorer.config = self.config
 
     def score(self, request: ScoreRequest) -> ScoreResult:

@@ -18,7 +18,7 @@ from ray import serve
 from deployments.resources import apply_thread_limits
 from pflash.compress.scoring import ScoreResult
 from pflash.compress.segments import ProbeParams
-from pflash.config import build_config
+from pflash.config import ScoringConfig, build_part
 
 log = logging.getLogger("ray.serve")
 
@@ -26,6 +26,7 @@ log = logging.getLogger("ray.serve")
 @serve.deployment(name="SegmentProbe", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=4)
 class SegmentProbeDeployment:
     def __init__(self, config: dict[str, Any]):
+        """`config`: the keys of the drafter's `ScoringConfig` (build_app)."""
         from pflash.models.probe import (
             drafter_probe_identity,
             load_segment_probe,
@@ -33,7 +34,7 @@ class SegmentProbeDeployment:
         )
 
         apply_thread_limits()
-        cfg = build_config(dict(config))
+        cfg = build_part(ScoringConfig, config)
         identity = drafter_probe_identity(cfg)
         path = resolve_probe_path(cfg.segment_probe_gguf, cfg.drafter, identity.feature_tap)
         self.probe = load_segment_probe(path, identity)

@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 
-from pflash.config import build_config
+from pflash.config import ViewsConfig, build_part
 from pflash.views.adaptive import AdaptiveKeep
 from pflash.views.decision import View
 from pflash.views.store import ViewStore
@@ -24,12 +24,13 @@ from pflash.views.store import ViewStore
 @ray.remote(num_cpus=0, max_concurrency=64)
 class SessionStoreActor:
     def __init__(self, config: dict[str, Any]):
-        cfg = build_config(config)
+        """`config`: the keys of the `ViewsConfig` (build_app)."""
+        cfg = build_part(ViewsConfig, config)
         self.views = ViewStore.from_config(cfg)
         self.adaptive = AdaptiveKeep.from_config(cfg)
 
     def reconfigure(self, config: dict[str, Any]) -> None:
-        cfg = build_config(config)
+        cfg = build_part(ViewsConfig, config)
         self.views.reconfigure(cfg.view_capacity, cfg.view_ttl_s)
 
     def lookup(self, tenant: str, keys: tuple) -> View | None:

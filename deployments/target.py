@@ -14,7 +14,7 @@ from typing import Any
 from ray import serve
 
 from deployments.resources import apply_thread_limits
-from pflash.config import build_config
+from pflash.config import TargetModelPart, build_part
 from pflash.models.loading import use_device
 from pflash.models.target.protocol import GenerationEvent, SamplingParams
 
@@ -24,9 +24,10 @@ log = logging.getLogger("ray.serve")
 @serve.deployment(name="TargetModel", ray_actor_options={"num_cpus": 1}, max_ongoing_requests=4)
 class TargetModelDeployment:
     def __init__(self, config: dict[str, Any]):
-        self.config = build_config(config)
+        """`config`: the keys of this deployment's `TargetModelPart` (build_app)."""
+        self.config = build_part(TargetModelPart, config)
         threads = apply_thread_limits()
-        use_device(build_config(config).device)  # tensors the model code creates land beside it
+        use_device(self.config.device)  # tensors the model code creates land beside it
         if self.config.target_backend == "openai":
             from pflash.models.source import load_tokenizer
             from pflash.models.target.upstream import OpenAITarget

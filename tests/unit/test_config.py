@@ -1,11 +1,31 @@
-"""PFlashConfig: defaults, precedence, and error messages that name key, value and allowed."""
+"""PFlashConfig: defaults, precedence, and error messages that name key, value and allowed;
+the components it is nested by, the flat names that keep working, and the parts deployments
+receive."""
 
 from __future__ import annotations
 
-import pytest
+import os
+from pathlib import Path
 
-from pflash.config import PFlashConfig, build_config, config_table, load_config
+import pytest
+import yaml
+
+from pflash.config import (
+    COMPONENTS,
+    FIELDS,
+    DrafterScorerPart,
+    PFlashConfig,
+    ScoringConfig,
+    TargetModelPart,
+    ViewsConfig,
+    build_config,
+    build_part,
+    config_table,
+    load_config,
+)
 from pflash.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_product_defaults_are_strict_selection_with_auto_mode():
@@ -110,17 +130,20 @@ def test_request_overrides_replace_mode_and_keep_ratio_only():
         base.with_request_overrides(keep_ratio=0.0)
 
 
-def test_config_table_documents_every_field():
+def test_config_table_documents_every_field_under_its_component():
     table = config_table()
-    for name in PFlashConfig.model_fields:
+    for name in FIELDS:
         assert f"`{name}`" in table
         assert f"`PFLASH_{name.upper()}`" in table
+    for component, model in COMPONENTS.items():
+        section = table.split(f"### `{component}`\n", 1)[1].split("### ", 1)[0]
+        assert [row.split("`")[1] for row in section.splitlines() if row.startswith("| `")] == list(
+            model.model_fields
+        )
 
 
 def test_readme_config_table_matches_the_config():
-    from pathlib import Path
-
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     begin = readme.index("<!-- config-table:begin -->") + len("<!-- config-table:begin -->")
     end = readme.index("<!-- config-table:end -->")
     assert readme[begin:end].strip() == config_table().strip(), (
@@ -130,8 +153,445 @@ def test_readme_config_table_matches_the_config():
 
 @pytest.mark.parametrize("key", ["mode", "select_lexical", "select_position_prior"])
 def test_bare_yaml_off_means_off(key):
-    import yaml
 
     assert getattr(build_config(yaml.safe_load(f"{key}: off"), env={}), key) == "off"
     with pytest.raises(ConfigError):
         build_config({key: True}, env={})
+
+
+# ---------------------------------------------------------------------- nested by component
+
+# Every knob of the flat config as it was before it was nested, with its default (JSON form),
+# under the component that now holds it. Renaming, dropping or moving a knob fails here.
+LAYOUT = {
+    "gate": {
+        "mode": "auto",
+        "threshold": 2048,
+        "keep_ratio": 0.05,
+        "curve": [],
+    },
+    "selection": {
+        "select_mode": "budget_only",
+        "select_chunk_size": None,
+        "select_query_tokens": 8,
+        "select_query_parser": "arbitrary_tail",
+        "select_top_p": 0.95,
+        "select_topk": 0,
+        "select_segments": "auto",
+        "select_score": "auto",
+        "select_scorer": "head",
+        "select_split": 0.5,
+        "select_position_prior": "distance",
+        "select_paragraph_join": True,
+        "select_container_headers": False,
+        "select_container_header_max": 48,
+        "assembly_cut_marker": False,
+        "chat_skeleton_tokens": 256,
+        "chat_question_pin_tokens": 64,
+        "chat_history_queries": 3,
+        "legacy_chunk_size": 32,
+        "legacy_query_tokens": 8,
+        "legacy_pool_kernel": 13,
+        "legacy_head_chunks": 8,
+        "legacy_tail_chunks": 24,
+        "anchor_query_tokens": 96,
+        "anchor_radius": None,
+        "anchor_max_hits": None,
+        "repeat_min": 4,
+        "repeat_max": 32,
+        "legacy_repeat_rule": None,
+    },
+    "lexical": {
+        "select_lexical": "cascade",
+        "lexical_query": "question",
+        "lexical_rare_max_freq": 2,
+        "lexical_cascade_iters": 8,
+        "lexical_max_share": 1.0,
+    },
+    "views": {
+        "chat_view": True,
+        "chat_recall": True,
+        "chat_recall_min_lift": 2.0,
+        "chat_compress_new_tokens": 16384,
+        "view_capacity": 1024,
+        "view_ttl_s": 3600.0,
+        "adaptive_keep": True,
+        "adaptive_min": 0.025,
+        "adaptive_max": 0.2,
+        "adaptive_sessions": 1024,
+    },
+    "scoring": {
+        "drafter": "embedded:smollm2-135m",
+        "drafter_tokenizer": None,
+        "drafter_profile": "auto",
+        "drafter_head_layer": None,
+        "drafter_chunk_tokens": 1024,
+        "drafter_sessions": 2,
+        "device": "auto",
+        "scoring_head_gguf": None,
+        "segment_probe_gguf": None,
+        "drafter_calibration": None,
+        "drafter_lookahead_tokens": 0,
+        "drafter_lookahead_weight": 1.0,
+    },
+    "generation": {
+        "target": "embedded:smollm2-135m",
+        "target_tokenizer": None,
+        "target_backend": "transformers",
+        "upstream_base_url": None,
+        "upstream_api_key": None,
+        "upstream_model": None,
+        "max_context": None,
+        "speculative_tokens": 0,
+        "speculative_drafter": None,
+    },
+    "server": {
+        "on_drafter_error": "fail",
+        "return_prompt_enabled": False,
+        "max_body_bytes": 16777216,
+        "trace_path": None,
+        "view_trace_path": None,
+    },
+    "security": {
+        "api_keys": [],
+    },
+}
+
+
+def test_config_is_nested_by_component_and_each_component_holds_its_knobs():
+    assert {name: list(model.model_fields) for name, model in COMPONENTS.items()} == {
+        name: list(knobs) for name, knobs in LAYOUT.items()
+    }
+    cfg = build_config(env={})
+    for name, knobs in LAYOUT.items():
+        assert getattr(cfg, name).model_dump(mode="json") == knobs
+        assert {key: FIELDS[key] for key in knobs} == dict.fromkeys(knobs, name)
+
+
+def test_defaults_are_unchanged():
+    flat = {key: value for knobs in LAYOUT.values() for key, value in knobs.items()}
+    assert build_config(env={}).model_dump(mode="json") == flat
+
+
+# key, YAML value, PFLASH_* value, the value both mean (never the default, but for the one
+# value select_container_headers allows)
+SAMPLES = [
+    ("mode", "always", "always", "always"),
+    ("threshold", 100, "100", 100),
+    ("keep_ratio", 0.2, "0.2", 0.2),
+    ("curve", "2000:0.2 1000:0.5", "2000:0.2,1000:0.5", ((1000, 0.5), (2000, 0.2))),
+    ("select_mode", "top_p", "top_p", "top_p"),
+    ("select_chunk_size", 256, "256", 256),
+    ("select_query_tokens", 16, "16", 16),
+    ("select_query_parser", "latest_user", "latest_user", "latest_user"),
+    ("select_top_p", 0.9, "0.9", 0.9),
+    ("select_topk", 4, "4", 4),
+    ("select_segments", "fixed", "fixed", "fixed"),
+    ("select_score", "sum", "sum", "sum"),
+    ("select_scorer", "split", "split", "split"),
+    ("select_split", 0.25, "0.25", 0.25),
+    ("select_position_prior", False, "off", "off"),
+    ("select_paragraph_join", False, "0", False),
+    ("select_container_headers", False, "false", False),
+    ("select_container_header_max", 64, "64", 64),
+    ("assembly_cut_marker", True, "1", True),
+    ("chat_skeleton_tokens", 128, "128", 128),
+    ("chat_question_pin_tokens", 0, "0", 0),
+    ("chat_history_queries", 1, "1", 1),
+    ("legacy_chunk_size", 64, "64", 64),
+    ("legacy_query_tokens", 16, "16", 16),
+    ("legacy_pool_kernel", 7, "7", 7),
+    ("legacy_head_chunks", 2, "2", 2),
+    ("legacy_tail_chunks", 4, "4", 4),
+    ("anchor_query_tokens", 48, "48", 48),
+    ("anchor_radius", 3, "3", 3),
+    ("anchor_max_hits", 5, "5", 5),
+    ("repeat_min", 2, "2", 2),
+    ("repeat_max", 8, "8", 8),
+    ("legacy_repeat_rule", True, "yes", True),
+    ("select_lexical", "anchors", "anchors", "anchors"),
+    ("lexical_query", "tail", "tail", "tail"),
+    ("lexical_rare_max_freq", 3, "3", 3),
+    ("lexical_cascade_iters", 4, "4", 4),
+    ("lexical_max_share", 0.5, "0.5", 0.5),
+    ("chat_view", False, "0", False),
+    ("chat_recall", False, "off", False),
+    ("chat_recall_min_lift", 3.5, "3.5", 3.5),
+    ("chat_compress_new_tokens", 4096, "4096", 4096),
+    ("view_capacity", 8, "8", 8),
+    ("view_ttl_s", 60, "60", 60.0),
+    ("adaptive_keep", False, "no", False),
+    ("adaptive_min", 0.05, "0.05", 0.05),
+    ("adaptive_max", 0.5, "0.5", 0.5),
+    ("adaptive_sessions", 16, "16", 16),
+    ("drafter", "/models/d.gguf", "/models/d.gguf", "/models/d.gguf"),
+    ("drafter_tokenizer", "/models/tok", "/models/tok", "/models/tok"),
+    ("drafter_profile", "qwen3", "qwen3", "qwen3"),
+    ("drafter_head_layer", 8, "8", 8),
+    ("drafter_chunk_tokens", 256, "256", 256),
+    ("drafter_sessions", 0, "0", 0),
+    ("device", "cpu", "cpu", "cpu"),
+    ("scoring_head_gguf", "embedded", "embedded", "embedded"),
+    ("segment_probe_gguf", "embedded", "embedded", "embedded"),
+    ("drafter_calibration", "embedded", "embedded", "embedded"),
+    ("drafter_lookahead_tokens", 4, "4", 4),
+    ("drafter_lookahead_weight", 0.5, "0.5", 0.5),
+    ("target", "/models/t", "/models/t", "/models/t"),
+    ("target_tokenizer", "/models/tt", "/models/tt", "/models/tt"),
+    ("target_backend", "openai", "openai", "openai"),
+    ("upstream_base_url", "http://u:8001/v1", "http://u:8001/v1", "http://u:8001/v1"),
+    ("upstream_api_key", "sk-x", "sk-x", "sk-x"),
+    ("upstream_model", "m", "m", "m"),
+    ("max_context", 4096, "4096", 4096),
+    ("speculative_tokens", 4, "4", 4),
+    ("speculative_drafter", "/models/s", "/models/s", "/models/s"),
+    ("on_drafter_error", "bypass", "bypass", "bypass"),
+    ("return_prompt_enabled", True, "true", True),
+    ("max_body_bytes", 2048, "2048", 2048),
+    ("trace_path", "/tmp/t.jsonl", "/tmp/t.jsonl", "/tmp/t.jsonl"),
+    ("view_trace_path", "/tmp/v.jsonl", "/tmp/v.jsonl", "/tmp/v.jsonl"),
+    ("api_keys", ["k1", "k2"], "k1, k2", ("k1", "k2")),
+]
+NEEDS = {"target_backend": {"upstream_base_url": "http://u:8001/v1"}}  # the cross-field check
+
+
+def test_samples_cover_every_knob():
+    assert [s[0] for s in SAMPLES] == [key for knobs in LAYOUT.values() for key in knobs]
+
+
+@pytest.mark.parametrize(("key", "yaml_value", "env_value", "expected"), SAMPLES)
+def test_flat_key_nested_key_and_env_name_mean_the_same(key, yaml_value, env_value, expected):
+    component, needs = FIELDS[key], NEEDS.get(key, {})
+    flat = build_config({key: yaml_value, **needs}, env={})
+    nested = build_config({component: {key: yaml_value}, **needs}, env={})
+    from_env = build_config(needs, env={f"PFLASH_{key.upper()}": env_value})
+    assert getattr(flat, key) == getattr(getattr(flat, component), key) == expected
+    assert flat == nested == from_env
+    assert key == "select_container_headers" or expected != LAYOUT[component][key]
+
+
+def shipped_args(path: Path) -> dict:
+    doc = yaml.safe_load(path.read_text())
+    if doc.get("kind") == "RayService":
+        doc = yaml.safe_load(doc["spec"]["serveConfigV2"])
+    (app,) = doc["applications"]
+    return app["args"]
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        (
+            "serve_config.yaml",
+            {
+                "keep_ratio": 0.1,
+                "select_chunk_size": 64,
+                "drafter_head_layer": 8,
+                "scoring_head_gguf": "embedded",
+                "segment_probe_gguf": "embedded",
+            },
+        ),
+        (
+            "examples/serve_config.gpu.yaml",
+            {
+                "threshold": 16384,
+                "curve": [[16000, 0.2], [64000, 0.1], [128000, 0.05]],
+                "drafter": "/models/qwen3-0.6b/Qwen3-0.6B-Q8_0.gguf",
+                "target": "/models/qwen3-32b",
+                "target_backend": "openai",
+                "upstream_base_url": "http://127.0.0.1:8001/v1",
+                "upstream_model": "Qwen/Qwen3-32B",
+                "device": "cuda",
+                "max_context": 131072,
+            },
+        ),
+        (
+            "k8s/rayservice.yaml",
+            {
+                "threshold": 8192,
+                "keep_ratio": 0.1,
+                "drafter": "/models/qwen3-0.6b/Qwen3-0.6B-Q8_0.gguf",
+                "target": "/models/qwen3-8b",
+            },
+        ),
+    ],
+)
+def test_shipped_args_build_the_config_they_built_before_nesting(path, expected):
+    """The effective config (what differs from the defaults) of the Serve configs shipped
+    before the nesting, recorded from the flat PFlashConfig."""
+    cfg = build_config(shipped_args(ROOT / path), env={})
+    assert cfg.model_dump(mode="json", exclude_defaults=True) == expected
+
+
+@pytest.mark.parametrize(
+    "path",
+    [ROOT / "serve_config.yaml", ROOT / "k8s" / "rayservice.yaml"]
+    + sorted((ROOT / "examples").glob("*.yaml")),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_shipped_args_build_the_same_config_flat_or_nested(path):
+    args = shipped_args(path)
+    nested: dict = {}
+    for key, value in args.items():
+        nested.setdefault(FIELDS[key], {})[key] = value
+    assert build_config(nested, env={}) == build_config(args, env={})
+
+
+def test_flat_dump_round_trips():
+    cfg = build_config(
+        {
+            "gate": {"curve": "1000:0.5"},
+            "select_mode": "top_k",
+            "select_topk": 3,
+            "api_keys": ["k"],
+        },
+        env={},
+    )
+    dump = cfg.model_dump()
+    assert set(dump) == set(FIELDS)
+    assert build_config(dump, env={}) == cfg
+    assert build_config(cfg.model_dump(mode="json"), env={}) == cfg
+    small = cfg.model_dump(mode="json", exclude_defaults=True)
+    assert small == {
+        "curve": [[1000, 0.5]],
+        "select_mode": "top_k",
+        "select_topk": 3,
+        "api_keys": ["k"],
+    }
+    assert build_config(small, env={}) == cfg
+    rebuilt = build_config({**cfg.model_dump(), "select_topk": 5}, env={})
+    assert (rebuilt.select_topk, rebuilt.curve) == (5, ((1000, 0.5),))
+
+
+def test_flat_reads_are_read_only():
+    cfg = build_config(env={})
+    with pytest.raises(ValueError):
+        cfg.keep_ratio = 0.5
+    assert PFlashConfig.keep_ratio.__doc__.startswith("`gate.keep_ratio`: Configured keep ratio")
+
+
+def test_environment_overrides_nested_yaml(tmp_path):
+    path = tmp_path / "pflash.yaml"
+    path.write_text("gate:\n  keep_ratio: 0.2\n  mode: off\nselection: {select_mode: top_p}\n")
+    cfg = load_config(path, env={"PFLASH_KEEP_RATIO": "0.3"})
+    assert (cfg.keep_ratio, cfg.mode, cfg.select_mode) == (0.3, "off", "top_p")
+    flat_then_nested = build_config({"keep_ratio": 0.1, "gate": {"keep_ratio": 0.2}}, env={})
+    assert flat_then_nested.keep_ratio == 0.2  # the later key wins, as in a dict merge
+
+
+def test_live_update_over_a_flat_base_applies_flat_or_nested_keys():
+    base = build_config({"keep_ratio": 0.1, "select_top_p": 0.8}, env={}).model_dump()
+    assert build_config({**base, "gate": {"keep_ratio": 0.3}}, env={}).keep_ratio == 0.3
+    assert build_config({**base, "keep_ratio": 0.3}, env={}).keep_ratio == 0.3
+    assert build_config({**base, "gate": {"mode": "always"}}, env={}).keep_ratio == 0.1
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "hint"),
+    [
+        ({"keep_ration": 0.1}, "keep_ration", "keep_ratio"),
+        ({"selections": {"select_mode": "top_k"}}, "selections", "selection"),
+        ({"selection": {"select_moed": "top_k"}}, "selection.select_moed", "select_mode"),
+        ({"selection": {"keep_ratio": 0.1}}, "selection.keep_ratio", "belongs to gate"),
+        ({"gate": 0.1}, "gate", "dictionary"),
+    ],
+)
+def test_unknown_flat_and_nested_keys_fail_naming_the_key(data, key, hint):
+    with pytest.raises(ConfigError) as err:
+        build_config(data, env={})
+    assert err.value.key == key
+    assert hint in err.value.allowed
+
+
+def test_nested_errors_name_the_flat_key_value_and_allowed():
+    with pytest.raises(ConfigError) as err:
+        build_config({"gate": {"keep_ratio": 2}}, env={})
+    assert (err.value.key, err.value.value) == ("keep_ratio", 2)
+    with pytest.raises(ConfigError) as err:
+        build_config({"selection": {"select_mode": "top_k"}}, env={})
+    assert (err.value.key, err.value.value) == ("select_topk", 0)
+    with pytest.raises(ConfigError) as err:
+        build_config({"gate": {"mode": "sometimes"}}, env={})
+    assert err.value.key == "mode" and "off, auto, always" in err.value.allowed
+
+
+# ---------------------------------------------------------------------- parts
+
+
+def test_a_part_holds_only_its_components_and_reads_their_knobs_flat():
+    cfg = build_config({"keep_ratio": 0.2, "drafter_sessions": 0, "max_context": 4096}, env={})
+    drafter = cfg.part(DrafterScorerPart)
+    assert set(DrafterScorerPart.model_fields) == {"scoring", "selection"}
+    assert (drafter.scoring, drafter.selection) == (cfg.scoring, cfg.selection)
+    assert drafter.drafter_sessions == 0 and drafter.select_mode == "budget_only"
+    with pytest.raises(AttributeError):
+        drafter.keep_ratio  # noqa: B018
+    target = cfg.part(TargetModelPart)
+    assert set(TargetModelPart.model_fields) == {"generation", "scoring"}
+    assert (target.max_context, target.device, target.drafter) == (4096, "auto", cfg.drafter)
+    assert cfg.part(ViewsConfig) is cfg.views and cfg.part(ScoringConfig) is cfg.scoring
+    assert set(drafter.model_dump()) == set(cfg.scoring.model_dump()) | set(
+        cfg.selection.model_dump()
+    )
+
+
+def test_a_part_is_rebuilt_from_its_keys_and_a_live_update_of_any_knob():
+    cfg = build_config(
+        {"drafter_head_layer": 8, "select_chunk_size": 64, "keep_ratio": 0.2}, env={}
+    )
+    args = cfg.part(DrafterScorerPart).model_dump(mode="json", exclude_defaults=True)
+    assert args == {"drafter_head_layer": 8, "select_chunk_size": 64}
+    assert build_part(DrafterScorerPart, args, env={}) == cfg.part(DrafterScorerPart)
+    live = build_part(DrafterScorerPart, {**args, "keep_ratio": 0.3, "select_top_p": 0.5}, env={})
+    assert (live.select_top_p, live.drafter_head_layer) == (0.5, 8)
+    env = build_part(DrafterScorerPart, args, env={"PFLASH_DRAFTER_SESSIONS": "0"})
+    assert env.drafter_sessions == 0
+    with pytest.raises(ConfigError) as err:
+        build_part(DrafterScorerPart, {**args, "keep_ration": 0.3}, env={})
+    assert err.value.key == "keep_ration"
+
+
+def test_build_app_gives_each_deployment_only_its_part(monkeypatch):
+    """The Ingress runs the whole flow (whole config); the others get their components."""
+    from deployments import app as app_module
+
+    bound: dict[str, tuple] = {}
+
+    class Recorder:
+        def __init__(self, name: str):
+            self.name = name
+
+        def bind(self, *args):
+            bound[self.name] = args
+            return self.name
+
+        def options(self, *, deployment_actors):
+            (store,) = deployment_actors
+            bound["SessionStore"] = (store.init_kwargs["config"],)
+            return self
+
+    for name in ("DrafterScorerDeployment", "SegmentProbeDeployment", "TargetModelDeployment"):
+        monkeypatch.setattr(app_module, name, Recorder(name))
+    monkeypatch.setattr(app_module, "Ingress", Recorder("Ingress"))
+    (app,) = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"]
+    args = {**app["args"], "view_capacity": 8, "api_keys": ["k"], "max_context": 4096}
+    for name in [name for name in os.environ if name.startswith("PFLASH_")]:
+        monkeypatch.delenv(name)
+    app_module.build_app(args)
+    cfg = build_config(args, env={})
+    scoring = {
+        "drafter_head_layer": 8,
+        "scoring_head_gguf": "embedded",
+        "segment_probe_gguf": "embedded",
+    }
+    assert bound["DrafterScorerDeployment"] == ({**scoring, "select_chunk_size": 64},)
+    assert bound["SegmentProbeDeployment"] == (scoring,)
+    assert bound["TargetModelDeployment"] == ({"max_context": 4096, **scoring},)
+    assert bound["SessionStore"] == ({"view_capacity": 8},)
+    data, drafter, target, probe = bound["Ingress"]
+    assert data == cfg.model_dump(mode="json", exclude_defaults=True)
+    assert (drafter, target, probe) == (
+        "DrafterScorerDeployment",
+        "TargetModelDeployment",
+        "SegmentProbeDeployment",
+    )

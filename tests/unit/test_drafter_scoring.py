@@ -17,7 +17,7 @@ import torch
 
 from pflash.compress.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest, candidate_lifts
-from pflash.config import build_config
+from pflash.config import DrafterScorerPart, build_config
 from pflash.errors import CompressionFailed, ConfigError
 from pflash.models.drafter import scorer as drafter_mod
 from pflash.models.drafter.scorer import (
@@ -295,6 +295,19 @@ def test_split_scorer_returns_head_mass_and_legacy_scores_from_one_forward(score
     legacy = scorer(ScoreRequest(ids=ids, windows=WINDOWS, query=query, scorer="legacy"))
     np.testing.assert_allclose(split.mass, head.mass, atol=1e-7)
     np.testing.assert_allclose(split.legacy, legacy.legacy, atol=1e-7)
+
+
+def test_scorer_given_only_its_part_scores_like_the_whole_config():
+    """The DrafterScorer deployment holds only DrafterScorerPart (scoring + selection)."""
+    config = build_config({"drafter_head_layer": 2, "drafter_chunk_tokens": 16}, env={})
+    whole = DrafterScorer(config, loaded_tiny("llama"))
+    part = DrafterScorer(config.part(DrafterScorerPart), whole.loaded)
+    assert part.profile == whole.profile == resolve_profile(whole.loaded, config.scoring)
+    ids = random_ids(70, seed=7)
+    request = ScoreRequest(ids=ids, windows=WINDOWS, query=WINDOWS[0].span, scorer="split")
+    got, want = part(request), whole(request)
+    np.testing.assert_array_equal(got.mass, want.mass)
+    np.testing.assert_array_equal(got.legacy, want.legacy)
 
 
 def test_in_range_smoothing_divides_by_valid_neighbours_only():

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from pflash.compress.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest, ScoreResult
-from pflash.config import PFlashConfig
+from pflash.config import DrafterScorerPart, ScoringConfig
 from pflash.errors import CompressionFailed, ConfigError, ModelUnavailable
 from pflash.models.drafter.calibration import Calibration, load_calibration
 from pflash.models.drafter.scoring_head import (
@@ -147,9 +147,10 @@ def _matches(text_config, reference: dict) -> bool:
 
 
 def resolve_profile(
-    loaded: LoadedModel, config: PFlashConfig, calibrated_layer: int | None = None
+    loaded: LoadedModel, config: ScoringConfig, calibrated_layer: int | None = None
 ) -> ScorerProfile:
-    """The scorer profile for a loaded drafter.
+    """The scorer profile for a loaded drafter. Reads only `scoring` knobs (`config` may be
+    the whole config or any part holding that component: they read the same names).
 
     The head layer is `drafter_head_layer` when set, else a calibration's `calibrated_layer`,
     else the profile default. Both set and different is a ConfigError: the calibration's
@@ -531,9 +532,10 @@ class DrafterScorer:
     Owns a session table of `config.drafter_sessions` conversations (LRU by
     `ScoreRequest.session_key`); a request sharing a session's prefix runs only its new
     tokens. Not thread-safe: one request at a time per instance (the deployment serialises).
+    `config` is the DrafterScorer deployment's part, or in process the whole config.
     """
 
-    def __init__(self, config: PFlashConfig, loaded: LoadedModel | None = None):
+    def __init__(self, config: DrafterScorerPart, loaded: LoadedModel | None = None):
         self.config = config
         self.loaded = (
             loaded

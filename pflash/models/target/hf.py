@@ -29,7 +29,7 @@ from pflash.errors import ConfigError, InvalidRequest, PFlashError
 if TYPE_CHECKING:
     import torch
 
-    from pflash.config import PFlashConfig
+    from pflash.config import TargetModelPart
 
 from pflash.models.target.protocol import (
     FinishReason,
@@ -346,9 +346,10 @@ class TransformersTarget(TargetBackend):
 
     @classmethod
     def from_config(
-        cls, config: PFlashConfig, *, num_threads: int | None = None
+        cls, config: TargetModelPart, *, num_threads: int | None = None
     ) -> TransformersTarget:
-        """The target (and, with `speculative_tokens` > 0, its assistant) from the config.
+        """The target (and, with `speculative_tokens` > 0, its assistant) from the config:
+        the TargetModel deployment's part, or in process the whole config.
 
         The assistant is `speculative_drafter`, by default the drafter model; one sharing the
         target's source shares its weights. A drafter whose tokenizer differs from the

@@ -16,7 +16,7 @@ from pflash.errors import InvalidRequest
 if TYPE_CHECKING:
     import httpx
 
-    from pflash.config import PFlashConfig
+    from pflash.config import GenerationConfig
 
 from pflash.models.target.protocol import (
     FinishReason,
@@ -141,7 +141,10 @@ class OpenAITarget(TargetBackend):
         self._upstream_adds_bos = bos is not None and bool(encoded) and encoded[0] == bos
 
     @classmethod
-    def from_config(cls, config: PFlashConfig, tokenizer: Any, max_context: int) -> OpenAITarget:
+    def from_config(
+        cls, config: GenerationConfig, tokenizer: Any, max_context: int
+    ) -> OpenAITarget:
+        """From the `generation` knobs (the whole config or a part holding it reads the same)."""
         if not config.upstream_base_url:
             raise ValueError("OpenAITarget needs upstream_base_url")
         return cls(

@@ -1,0 +1,86 @@
+"""Every PFlash knob in one typed, validated object, nested by component.
+
+- `components.py`: the components (gate, selection, lexical, views, scoring, generation,
+  server, security): every knob's type, bounds, default and description.
+- `flat.py`: the compatibility layer: flat keys in YAML, dicts and attribute reads, and a
+  flat `model_dump()`, for the whole config and for parts alike.
+- `model.py`: `PFlashConfig` (the whole, with the checks that span keys), the parts the
+  deployments receive, and loading from YAML and `PFLASH_*` environment.
+- `table.py`: the README table.
+"""
+
+from pflash.config.components import (
+    EMBEDDED_SMOLLM2,
+    Component,
+    DrafterProfile,
+    GateConfig,
+    GenerationConfig,
+    LexicalConfig,
+    LexicalMode,
+    LexicalQuery,
+    Mode,
+    OnDrafterError,
+    PositionPrior,
+    QueryParser,
+    ScoreMode,
+    ScorerKind,
+    ScoringConfig,
+    SecurityConfig,
+    SegmentsMode,
+    SelectionConfig,
+    SelectMode,
+    ServerConfig,
+    TargetBackend,
+    ViewsConfig,
+)
+from pflash.config.flat import ComponentSet
+from pflash.config.model import (
+    COMPONENTS,
+    ENV_PREFIX,
+    FIELDS,
+    DrafterScorerPart,
+    PFlashConfig,
+    TargetModelPart,
+    build_config,
+    build_part,
+    field_info,
+    load_config,
+)
+from pflash.config.table import config_table
+
+__all__ = [
+    "COMPONENTS",
+    "EMBEDDED_SMOLLM2",
+    "ENV_PREFIX",
+    "FIELDS",
+    "Component",
+    "ComponentSet",
+    "DrafterProfile",
+    "DrafterScorerPart",
+    "GateConfig",
+    "GenerationConfig",
+    "LexicalConfig",
+    "LexicalMode",
+    "LexicalQuery",
+    "Mode",
+    "OnDrafterError",
+    "PFlashConfig",
+    "PositionPrior",
+    "QueryParser",
+    "ScoreMode",
+    "ScorerKind",
+    "ScoringConfig",
+    "SecurityConfig",
+    "SegmentsMode",
+    "SelectMode",
+    "SelectionConfig",
+    "ServerConfig",
+    "TargetBackend",
+    "TargetModelPart",
+    "ViewsConfig",
+    "build_config",
+    "build_part",
+    "config_table",
+    "field_info",
+    "load_config",
+]

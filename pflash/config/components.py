@@ -1,0 +1,396 @@
+"""The components of the config: each a frozen model of the knobs one part of the system reads.
+
+A knob lives in the component of the code that reads it (grep `config.<key>`), so a
+deployment can be given only the components it needs (`PFlashConfig.part`). Inside a
+component a knob keeps its flat key (`SelectionConfig.select_mode`, not `.mode`): that one
+name is the YAML key, the `PFLASH_*` variable and the attribute everywhere, and a component
+answers the same reads as the whole config. Defaults, bounds and descriptions are defined
+here and only here; the descriptions are the README table.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+EMBEDDED_SMOLLM2 = "embedded:smollm2-135m"
+
+Mode = Literal["off", "auto", "always"]
+SelectMode = Literal["budget_only", "top_p", "top_k", "legacy"]
+QueryParser = Literal["arbitrary_tail", "latest_user"]
+SegmentsMode = Literal["auto", "fixed", "probe"]
+ScoreMode = Literal["auto", "sum", "density"]
+ScorerKind = Literal["head", "legacy", "split"]
+DrafterProfile = Literal["auto", "generic", "qwen3", "qwen35"]
+TargetBackend = Literal["transformers", "openai"]
+OnDrafterError = Literal["fail", "bypass"]
+LexicalMode = Literal["off", "anchors", "cascade"]
+LexicalQuery = Literal["question", "tail"]
+PositionPrior = Literal["off", "distance"]
+
+
+def _finite(v: float) -> float:
+    if not math.isfinite(v):
+        raise ValueError("must be a finite number")
+    return v
+
+
+def _yaml_off(v: Any) -> Any:
+    # YAML 1.1 reads a bare `off` as false: `mode: off` in serve_config.yaml means "off"
+    return "off" if v is False else v
+
+
+class Component(BaseModel):
+    """A group of knobs read together; validated on its own, frozen, unknown keys refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class GateConfig(Component):
+    """Whether a prompt is compressed and how much of it is kept (reference §5.1, §5.7).
+    Read by the budget and the gate of the request flow."""
+
+    mode: Mode = Field(
+        "auto", description="Compression: off, auto (when droppable tokens >= threshold), always."
+    )
+    threshold: int = Field(
+        2048,
+        ge=0,
+        description="auto mode compresses when the droppable part of the prompt has at least this many target tokens (the reference's 32000 is for 128K models).",
+    )
+    keep_ratio: float = Field(
+        0.05, gt=0, le=1, description="Configured keep ratio r0 over droppable tokens, in (0, 1]."
+    )
+    curve: tuple[tuple[int, float], ...] = Field(
+        (),
+        description='Piecewise-linear keep ratio by target prompt tokens, "tokens:ratio" points (e.g. "10000:0.5 40000:0.2"); clamped flat at both ends; overrides keep_ratio.',
+    )
+
+    _check_finite = field_validator("keep_ratio")(_finite)
+    _read_off = field_validator("mode", mode="before")(_yaml_off)
+
+    @field_validator("curve", mode="before")
+    @classmethod
+    def _parse_curve(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = v.replace(",", " ").split()
+        points = []
+        for p in v or ():
+            if isinstance(p, str):
+                if p.count(":") != 1:
+                    raise ValueError(f'curve point {p!r} is not "tokens:ratio"')
+                t, r = p.split(":")
+                p = (int(t), float(r))
+            t, r = int(p[0]), float(p[1])
+            if t < 0 or not (0 < r <= 1) or not math.isfinite(r):
+                raise ValueError(f"curve point {t}:{r} needs tokens >= 0 and ratio in (0, 1]")
+            points.append((t, r))
+        return tuple(sorted(points))
+
+
+class SelectionConfig(Component):
+    """What is kept: query windows and pins, candidates, the strict selector and assembly
+    (reference §4.3, §5.3-§5.6), and the legacy selector and scorer (reference §3.1, §4.1).
+    Read by the request flow; the DrafterScorer reads `select_mode` and the legacy scorer's
+    `legacy_query_tokens` and `legacy_pool_kernel`."""
+
+    # --- strict selection (reference §4.3)
+    select_mode: SelectMode = Field(
+        "budget_only", description="budget_only, top_p, top_k, or legacy (the v1 selector)."
+    )
+    select_chunk_size: int | None = Field(
+        None,
+        gt=0,
+        description="Fixed chunk size in drafter tokens; unset = schedule by length (<500:128, <3000:512, else 1024).",
+    )
+    select_query_tokens: int = Field(
+        8, ge=1, le=512, description="Scorer query window width in tokens, [1, 512]."
+    )
+    select_query_parser: QueryParser = Field(
+        "arbitrary_tail", description="arbitrary_tail (chat-first prompt_end) or latest_user."
+    )
+    select_top_p: float = Field(
+        0.95, gt=0, le=1, description="top_p mode: cumulative score mass to keep, in (0, 1]."
+    )
+    select_topk: int = Field(
+        0,
+        ge=0,
+        description="top_k mode: optional candidates to keep; required (> 0) in top_k mode.",
+    )
+    select_segments: SegmentsMode = Field(
+        "auto", description="auto (probe when loaded and >= 4 boundaries), fixed, or probe."
+    )
+    select_score: ScoreMode = Field(
+        "auto",
+        description="Candidate score: auto (sum for fixed chunks, density for probe segments), sum, density.",
+    )
+    select_scorer: ScorerKind = Field(
+        "head",
+        description="head (attention mass), legacy (running max + pooling), or split (both).",
+    )
+    select_split: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="split scorer: the head scorer's share of the budget, in (0, 1).",
+    )
+    select_position_prior: PositionPrior = Field(
+        "distance",
+        description="Rank candidates by attention lift over a position prior (`distance`: the median mass at the same distance from the query), so the attention sink and the recency band do not crowd out the context.",
+    )
+    select_paragraph_join: bool = Field(
+        True, description="Insert paragraph breaks between non-adjacent kept runs."
+    )
+    select_container_headers: bool = Field(
+        False,
+        description="Assembly experiment: re-insert container headers (paid inside the budget).",
+    )
+    select_container_header_max: int = Field(
+        48, ge=1, le=4096, description="Assembly experiment: longest container header in tokens."
+    )
+    assembly_cut_marker: bool = Field(
+        False,
+        description='Assembly experiment: write "\\n[...]\\n" at cuts (paid inside the budget).',
+    )
+
+    # --- chat parsing, pins, history queries (reference §5.3-§5.6)
+    chat_skeleton_tokens: int = Field(
+        256,
+        ge=0,
+        le=1 << 20,
+        description="Turns up to this many tokens are kept whole (dialogue skeleton); 0 disables.",
+    )
+    chat_question_pin_tokens: int = Field(
+        64,
+        ge=0,
+        le=4096,
+        description="Keep the question at the end of the latest user turn verbatim: its last line or sentences, up to this many drafter tokens (0 = the reference's behaviour, which may cut the question mid-sentence).",
+    )
+    chat_history_queries: int = Field(
+        3,
+        ge=0,
+        le=8,
+        description="Earlier user questions used as extra scorer queries (weights 1/2, 1/4, ...).",
+    )
+
+    # --- legacy selector and scorer (reference §3.1, §4.1)
+    legacy_chunk_size: int = Field(32, gt=0, description="Legacy selector chunk size.")
+    legacy_query_tokens: int = Field(
+        8, ge=1, le=512, description="Legacy tail scorer query rows (n_lookahead)."
+    )
+    legacy_pool_kernel: int = Field(
+        13, ge=1, description="Legacy score smoothing width (in-range mean)."
+    )
+    legacy_head_chunks: int = Field(8, ge=0, description="Legacy: chunks forced at the head.")
+    legacy_tail_chunks: int = Field(24, ge=0, description="Legacy: chunks forced at the tail.")
+    anchor_query_tokens: int = Field(
+        96, ge=0, description="Legacy 4-gram anchors: the query pool is the last this many tokens."
+    )
+    anchor_radius: int | None = Field(
+        None, ge=0, description="4-gram anchor radius in chunks; unset = tier by length."
+    )
+    anchor_max_hits: int | None = Field(
+        None, ge=0, description="4-gram anchor hit cap; unset = tier by length."
+    )
+    repeat_min: int = Field(
+        4, ge=1, description="Qwen3.5 legacy repeat-token rule: minimum frequency."
+    )
+    repeat_max: int = Field(
+        32, ge=1, description="Qwen3.5 legacy repeat-token rule: maximum frequency."
+    )
+    legacy_repeat_rule: bool | None = Field(
+        None, description="Legacy repeat-token rule; unset = by drafter profile (on for qwen35)."
+    )
+
+    _check_finite = field_validator("select_top_p", "select_split")(_finite)
+    _read_off = field_validator("select_position_prior", mode="before")(_yaml_off)
+
+
+class LexicalConfig(Component):
+    """Lexical evidence in strict selection, for small drafters (issue 10). Read by the
+    request flow."""
+
+    select_lexical: LexicalMode = Field(
+        "cascade",
+        description="Lexical evidence in strict selection: `anchors` ranks candidates sharing rare words or word n-grams with the question first (inside the budget); `cascade` also follows rare words out of anchored text (multi-hop); `off` = attention only.",
+    )
+    lexical_query: LexicalQuery = Field(
+        "question",
+        description="Lexical query pool: `question` = the question-like sentences of the latest user turn wherever they sit (+ pflash_query); `tail` = its last anchor_query_tokens tokens (reference).",
+    )
+    lexical_rare_max_freq: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Cascade: a word links text when it occurs at most this often in the context.",
+    )
+    lexical_cascade_iters: int = Field(
+        8,
+        ge=1,
+        le=16,
+        description="Cascade: rare-word rounds, one hop each (the longest chain followed).",
+    )
+    lexical_max_share: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Share of the droppable budget lexical anchors may take before attention fills the rest.",
+    )
+
+    _read_off = field_validator("select_lexical", mode="before")(_yaml_off)
+
+
+class ViewsConfig(Component):
+    """Per-conversation views, recall (reference §6.1, §6.2) and the adaptive keep ratio
+    (reference §6.6). Read by the view decision and the SessionStore."""
+
+    chat_view: bool = Field(
+        True, description="Keep a compressed view per conversation that later turns extend."
+    )
+    chat_recall: bool = Field(
+        True, description="Recall dropped segments that a new question attends to."
+    )
+    chat_recall_min_lift: float = Field(
+        2.0, gt=0, description="Recall a segment when its attention lift is at least this."
+    )
+    chat_compress_new_tokens: int = Field(
+        16384,
+        ge=1,
+        description="Compress a turn's new material when it has at least this many target tokens.",
+    )
+    view_capacity: int = Field(1024, ge=1, description="Views kept by the session store (LRU).")
+    view_ttl_s: float = Field(3600.0, gt=0, description="Seconds a view lives without use.")
+
+    # --- adaptive keep ratio (reference §6.6)
+    adaptive_keep: bool = Field(
+        True, description="Per-session keep ratio moved by the target's speculative acceptance."
+    )
+    adaptive_min: float = Field(0.025, gt=0, le=1, description="Adaptive keep ratio lower bound.")
+    adaptive_max: float = Field(0.20, gt=0, le=1, description="Adaptive keep ratio upper bound.")
+    adaptive_sessions: int = Field(
+        1024, ge=1, description="Sessions tracked by the adaptive controller (LRU)."
+    )
+
+    _check_finite = field_validator("chat_recall_min_lift")(_finite)
+
+
+class ScoringConfig(Component):
+    """The drafter that scores prompts and the artefacts bound to its file (reference §7).
+    Read by the DrafterScorer and the SegmentProbe; the TargetModel reads `device`, and
+    `drafter` and `drafter_tokenizer` as the speculative assistant's default."""
+
+    drafter: str = Field(
+        EMBEDDED_SMOLLM2,
+        description="Drafter model: a GGUF file, a local HF directory, or embedded:smollm2-135m.",
+    )
+    drafter_tokenizer: str | None = Field(
+        None, description="Drafter tokenizer source when it differs from the drafter model."
+    )
+    drafter_profile: DrafterProfile = Field(
+        "auto", description="Scorer profile; auto reads the architecture from the model."
+    )
+    drafter_head_layer: int | None = Field(
+        None,
+        ge=0,
+        description="Scoring layer (any profile); unset = the profile default (generic: 57% of depth, measured).",
+    )
+    drafter_chunk_tokens: int = Field(
+        1024, ge=16, description="Drafter forward chunk (rows per step); bounds activation memory."
+    )
+    drafter_sessions: int = Field(
+        2,
+        ge=0,
+        le=16,
+        description="Per-conversation drafter scoring sessions kept (LRU); 0 = none.",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where the drafter and an in-process target run: auto (cuda when a GPU is visible to the replica, else cpu), cpu, cuda.",
+    )
+
+    # --- artefacts bound to the drafter file by sha256
+    scoring_head_gguf: str | None = Field(
+        None,
+        description="Trained scoring head GGUF bound to the drafter file by sha256; `embedded` = the head shipped for embedded:smollm2-135m (pflash head train reproduces it).",
+    )
+    segment_probe_gguf: str | None = Field(
+        None,
+        description="Segment probe GGUF bound to the drafter file by sha256; `embedded` = the probe shipped for embedded:smollm2-135m (pflash probe train reproduces it).",
+    )
+    drafter_calibration: str | None = Field(
+        None,
+        description="Calibration file from `pflash calibrate` (scoring layer and per-head weights) for this drafter; `embedded` = the file shipped for embedded:smollm2-135m.",
+    )
+
+    # --- look-ahead queries (issue 10)
+    drafter_lookahead_tokens: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Look-ahead queries: the drafter greedily decodes this many answer tokens (a full drafter forward) and their attention rows join the query windows; 0 = off.",
+    )
+    drafter_lookahead_weight: float = Field(
+        1.0, gt=0, le=16, description="Weight of the look-ahead window in the mass mix."
+    )
+
+
+class GenerationConfig(Component):
+    """The target model and the backend that serves it. Read by the TargetModel (and by the
+    ingress for the target's tokenizer, context length and model name)."""
+
+    target: str = Field(
+        EMBEDDED_SMOLLM2,
+        description="Target model for the transformers backend (same sources as drafter).",
+    )
+    target_tokenizer: str | None = Field(
+        None, description="Target tokenizer source when it differs from the target model."
+    )
+    target_backend: TargetBackend = Field(
+        "transformers", description="transformers (in process) or openai (an upstream server)."
+    )
+    upstream_base_url: str | None = Field(
+        None, description="openai backend: the upstream base URL (…/v1)."
+    )
+    upstream_api_key: str | None = Field(None, description="openai backend: the upstream API key.")
+    upstream_model: str | None = Field(None, description="openai backend: the upstream model name.")
+    max_context: int | None = Field(
+        None, gt=0, description="Target context length; unset = read from the target model."
+    )
+    speculative_tokens: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="transformers target: draft tokens per speculative step for greedy requests, 1..16; 0 = off. The acceptance drives adaptive_keep.",
+    )
+    speculative_drafter: str | None = Field(
+        None,
+        description="Assistant model for speculative decoding (same sources as drafter; must share the target's tokenizer); unset = the drafter model.",
+    )
+
+
+class ServerConfig(Component):
+    """The HTTP surface, the failure policy and traces. Read by the ingress and the request
+    flow."""
+
+    on_drafter_error: OnDrafterError = Field(
+        "fail", description="fail (5xx naming the stage) or bypass (serve uncompressed, counted)."
+    )
+    return_prompt_enabled: bool = Field(
+        False, description="Allow requests to set pflash_return_prompt."
+    )
+    max_body_bytes: int = Field(16 << 20, ge=1024, description="Largest accepted request body.")
+    trace_path: str | None = Field(None, description="JSONL selection trace path; unset = off.")
+    view_trace_path: str | None = Field(
+        None, description="JSONL served-prompt trace path; unset = off."
+    )
+
+
+class SecurityConfig(Component):
+    """Who may call. Read by the ingress."""
+
+    api_keys: tuple[str, ...] = Field(
+        (),
+        description="Accepted API keys; empty = no auth. A key's tenant scopes views and sessions.",
+    )

@@ -1,0 +1,280 @@
+"""The whole config, the parts deployments receive, and loading them from YAML and environment.
+
+Filled in this order: defaults (components.py, and only there) < a YAML file or dict (the
+`serve_config.yaml` `args`/`user_config`) < `PFLASH_*` environment < the per-request fields
+that may override (`with_request_overrides`). Every value is validated once, at load, and a
+bad value fails with a message naming the key, the value and what is allowed.
+
+Environment names are `PFLASH_` + the upper-cased flat key, so the reference's
+strict-selection variables (`PFLASH_SELECT_MODE`, `PFLASH_SELECT_TOPK`, `PFLASH_CHAT_VIEW`,
+...) keep their meaning. An empty environment value is an error, never "unset" (reference
+§10.1 item 15).
+
+Product defaults differ from the reference on purpose in one place: strict selection
+(`select_mode: budget_only`, head scorer, `prompt_end` chat query, budget over droppable
+tokens, views on) is the default, and `mode` is `auto` with a threshold suited to the
+embedded model's 8K context. The legacy selector/scorer are opt-in.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+
+from pflash.config.components import (
+    EMBEDDED_SMOLLM2,
+    Component,
+    GateConfig,
+    GenerationConfig,
+    LexicalConfig,
+    ScoringConfig,
+    SecurityConfig,
+    SelectionConfig,
+    ServerConfig,
+    ViewsConfig,
+)
+from pflash.config.flat import ComponentSet
+from pflash.errors import ConfigError
+
+ENV_PREFIX = "PFLASH_"
+
+P = TypeVar("P", bound=BaseModel)
+
+
+class PFlashConfig(ComponentSet):
+    """All PFlash settings, by component; every knob also readable flat (`config.keep_ratio`).
+
+    The ingress holds this whole object: it runs the whole request flow. The other
+    deployments receive only their part (`DrafterScorerPart`, `TargetModelPart`,
+    `ScoringConfig`, `ViewsConfig`).
+    """
+
+    gate: GateConfig = Field(default_factory=GateConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    lexical: LexicalConfig = Field(default_factory=LexicalConfig)
+    views: ViewsConfig = Field(default_factory=ViewsConfig)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> PFlashConfig:
+        # Cross-field errors are "key: allowed" so the error names the key (_format_error).
+        if self.select_mode == "top_k" and self.select_topk <= 0:
+            raise ValueError("select_topk: must be > 0 when select_mode is top_k")
+        if self.select_mode == "top_k" and self.select_scorer == "split":
+            raise ValueError("select_scorer: split does not support select_mode top_k")
+        if self.select_container_headers:
+            raise ValueError(
+                "select_container_headers: not available yet (the container-header assembly "
+                "experiment is not implemented); leave it false"
+            )
+        if self.scoring_head_gguf and self.select_mode == "legacy":
+            raise ValueError(
+                "scoring_head_gguf: a trained scoring head needs strict selection (select_mode not legacy)"
+            )
+        if self.segment_probe_gguf == "embedded" and self.drafter != EMBEDDED_SMOLLM2:
+            raise ValueError(
+                f"segment_probe_gguf: 'embedded' is the probe for {EMBEDDED_SMOLLM2}; give a probe GGUF trained for this drafter (pflash probe train)"
+            )
+        if self.scoring_head_gguf == "embedded" and self.drafter != EMBEDDED_SMOLLM2:
+            raise ValueError(
+                f"scoring_head_gguf: 'embedded' is the head for {EMBEDDED_SMOLLM2}; give a head GGUF trained for this drafter (pflash head train)"
+            )
+        if self.drafter_calibration == "embedded" and self.drafter != EMBEDDED_SMOLLM2:
+            raise ValueError(
+                f"drafter_calibration: 'embedded' is the calibration for {EMBEDDED_SMOLLM2}; run pflash calibrate for this drafter"
+            )
+        if self.adaptive_min > self.adaptive_max:
+            raise ValueError("adaptive_min: must not exceed adaptive_max")
+        if self.repeat_min > self.repeat_max:
+            raise ValueError("repeat_min: must not exceed repeat_max")
+        if self.target_backend == "openai" and not self.upstream_base_url:
+            raise ValueError("upstream_base_url: required when target_backend is openai")
+        return self
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def strict(self) -> bool:
+        """Strict (budgeted) selection is active unless the legacy selector was chosen."""
+        return self.select_mode != "legacy"
+
+    def with_request_overrides(
+        self, *, mode: str | None = None, keep_ratio: float | None = None
+    ) -> PFlashConfig:
+        """The config for one request: `pflash_mode` and `pflash_keep_ratio` may override."""
+        updates: dict[str, Any] = {}
+        if mode is not None:
+            updates["mode"] = mode
+        if keep_ratio is not None:
+            updates["keep_ratio"] = keep_ratio
+            updates["curve"] = ()
+        if not updates:
+            return self
+        return build_config({**self.model_dump(), **updates}, env={})
+
+
+class DrafterScorerPart(ComponentSet):
+    """What the DrafterScorer reads: the drafter, and from selection `select_mode` (legacy
+    scores) and the legacy scorer's `legacy_query_tokens` and `legacy_pool_kernel`."""
+
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+
+
+class TargetModelPart(ComponentSet):
+    """What the TargetModel reads: the target, and from scoring `device` and the drafter
+    (`drafter`, `drafter_tokenizer`), the speculative assistant's default."""
+
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+
+
+COMPONENTS: dict[str, type[Component]] = {
+    name: info.annotation for name, info in PFlashConfig.model_fields.items()
+}
+"""Component name -> its model, in the order of the README table."""
+
+FIELDS: dict[str, str] = dict(PFlashConfig.component_of)
+"""Every flat key (YAML key, `PFLASH_*` name, attribute) -> the component holding it."""
+
+
+def field_info(key: str) -> FieldInfo:
+    """The definition (type, default, bounds, description) of the flat key `key`."""
+    return COMPONENTS[FIELDS[key]].model_fields[key]
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def _env_key(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def _parse_env_value(field: str, raw: str) -> Any:
+    """Turn an environment string into the field's type; strict (\"12x\" is not an int)."""
+    if raw.strip() == "":
+        raise ConfigError(
+            field, raw, f"{_env_key(field)} is set but empty; unset it or give a value"
+        )
+    annotation = field_info(field).annotation
+    kinds = {a for a in (get_args(annotation) or (annotation,)) if a is not type(None)}
+    if bool in kinds:
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(field, raw, "a boolean: 1/0, true/false, on/off")
+    if field == "api_keys":
+        return tuple(k for k in raw.replace(",", " ").split() if k)
+    if field == "curve":
+        return raw
+    if int in kinds:
+        try:
+            return int(raw.strip(), 10)
+        except ValueError:
+            raise ConfigError(field, raw, "an integer") from None
+    if float in kinds:
+        try:
+            return float(raw.strip())
+        except ValueError:
+            raise ConfigError(field, raw, "a number") from None
+    return raw
+
+
+def _given(data: Mapping[str, Any], key: str) -> Any:
+    """The value `data` (flat or nested) gives the flat key `key`, else its default."""
+    if key in data:
+        return data[key]
+    values = data.get(FIELDS[key])
+    if isinstance(values, Mapping) and key in values:
+        return values[key]
+    return field_info(key).default
+
+
+def _unknown_key(loc: tuple[str, ...]) -> str:
+    *where, key = loc
+    if not where:
+        return (
+            "unknown key; known keys: "
+            + ", ".join(FIELDS)
+            + "; or a component: "
+            + ", ".join(COMPONENTS)
+        )
+    component = where[0]
+    if key in FIELDS:
+        return f"{key} belongs to {FIELDS[key]}, not {component}; write it flat or there"
+    return f"unknown key in {component}; its keys: " + ", ".join(COMPONENTS[component].model_fields)
+
+
+def _format_error(err: ValidationError, data: Mapping[str, Any]) -> ConfigError:
+    first = err.errors()[0]
+    loc = tuple(str(p) for p in first.get("loc", ()))
+    allowed = first.get("msg", "invalid")
+    if not loc:  # a cross-field check: its message is "key: allowed"
+        msg = allowed.removeprefix("Value error, ")
+        key, _, allowed = msg.partition(": ")
+        return ConfigError(key, _given(data, key), allowed)
+    if first.get("type") == "extra_forbidden":
+        return ConfigError(".".join(loc), first.get("input"), _unknown_key(loc))
+    if loc[0] in COMPONENTS and len(loc) > 1:  # a component's field: named flat, as written
+        loc = loc[1:]
+    key = ".".join(loc)
+    if key not in FIELDS:  # an element (`api_keys.0`) or a component that is not a mapping
+        return ConfigError(key, first.get("input"), allowed)
+    field = field_info(key)
+    args = get_args(field.annotation)
+    literals = [a for a in args if isinstance(a, str)]
+    nested = [get_args(a) for a in args if get_origin(a) is Literal]
+    if literals or nested:
+        choices = literals or [c for n in nested for c in n]
+        allowed = f"one of {', '.join(choices)}"
+    elif field.description:
+        allowed = f"{allowed} ({field.description})"
+    return ConfigError(key, _given(data, key), allowed)
+
+
+def build_config(
+    data: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> PFlashConfig:
+    """Defaults < `data` (YAML/dict, flat or nested keys) < `PFLASH_*` entries of `env`
+    (os.environ when None)."""
+    env = os.environ if env is None else env
+    overrides = {f: _parse_env_value(f, env[_env_key(f)]) for f in FIELDS if _env_key(f) in env}
+    merged = {**PFlashConfig.nest(data or {}), **overrides}  # flat keys after: env wins
+    try:
+        return PFlashConfig(**merged)
+    except ValidationError as err:
+        raise _format_error(err, merged) from None
+
+
+def build_part(
+    part: type[P], data: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> P:
+    """The `part` of `build_config(data, env)`, for a deployment given only its part's keys.
+
+    The whole config is validated (a bad value or unknown key anywhere fails here too, and
+    a `user_config` may name any knob); the other components come from defaults and env.
+    """
+    return build_config(data, env).part(part)
+
+
+def load_config(
+    path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None
+) -> PFlashConfig:
+    """Load a YAML file of config keys (or only defaults and env when `path` is None)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError("config", str(path), "a YAML mapping of config keys")
+        data = loaded
+    return build_config(data, env)
