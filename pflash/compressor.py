@@ -180,7 +180,7 @@ class Compressor:
                 pflash_required=request.pflash_required,
                 max_output=request.max_output,
                 max_context=max_ctx,
-                session_key=request.conversation,
+                session_key=request.conversation or None,  # no key: no drafter session
                 r0=r0,
                 prompt_text=prompt.text,
             )

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from pflash.config import UNTUNED_SCORING
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
@@ -51,3 +53,10 @@ def bpe_tokenizer():
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
     fast.add_special_tokens({"additional_special_tokens": specials[1:]})
     return fast
+
+
+# Settings a test passes when it hands the scorer a model that is not the configured drafter
+# (a tiny random model, or SmolLM2 loaded by hand): the config's `auto` scoring settings
+# resolve for the configured drafter (embedded:smollm2-135m -> layer 8, its head and probe),
+# which such a model does not have.
+UNTUNED = dict(UNTUNED_SCORING)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pflash.config import UNTUNED_SCORING
 from pflash.train.probe_corpus import (
     FILE_STYLES,
     excerpt,
@@ -196,9 +197,12 @@ class Env:
         self.probe = load_segment_probe(self.probe_path, scorer_probe_identity(self.scorer))
 
     def config(self, extra: dict):
-        return self._build(
-            {"drafter": self.drafter, "segment_probe_gguf": str(self.probe_path)} | extra, env={}
-        )
+        # the probe's own layer (the profile default the committed probe was trained at)
+        base = UNTUNED_SCORING | {
+            "drafter": self.drafter,
+            "segment_probe_gguf": str(self.probe_path),
+        }
+        return self._build(base | extra, env={})
 
 
 # --------------------------------------------------------------------------- sections

@@ -15,7 +15,7 @@ from typing import Literal
 import numpy as np
 
 from pflash.compress.query import Plan
-from pflash.compress.segments import required_grid_tokens, scheduled_chunk_size
+from pflash.compress.segments import fitted_chunk_size, required_grid_tokens, scheduled_chunk_size
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, canonicalize
@@ -202,14 +202,16 @@ def plan_budget_for(
 
     r0 defaults to the configured ratio (curve or keep_ratio); pass the adaptive controller's
     value instead when a session has one. The chunk size is `config.select_chunk_size` or the
-    length schedule.
+    length schedule, never larger than the token budget at r0 (`fitted_chunk_size`).
     """
     s = plan.n_tokens
+    r0 = configured_keep_ratio(config, prompt_tokens) if r0 is None else r0
+    chunk = fitted_chunk_size(scheduled_chunk_size(s, config.select_chunk_size), math.floor(s * r0))
     return plan_budget(
         n_tokens=s,
         prompt_tokens=prompt_tokens,
-        r0=configured_keep_ratio(config, prompt_tokens) if r0 is None else r0,
-        chunk_size=scheduled_chunk_size(s, config.select_chunk_size),
+        r0=r0,
+        chunk_size=chunk,
         query=plan.query,
         required=plan.required,
         system=plan.system,

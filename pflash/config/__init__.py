@@ -10,7 +10,9 @@
 """
 
 from pflash.config.components import (
+    EMBEDDED_HEAD_LAYER,
     EMBEDDED_SMOLLM2,
+    UNTUNED_SCORING,
     Component,
     DrafterProfile,
     GateConfig,
@@ -49,6 +51,8 @@ from pflash.config.model import (
 from pflash.config.table import config_table
 
 __all__ = [
+    "EMBEDDED_HEAD_LAYER",
+    "UNTUNED_SCORING",
     "COMPONENTS",
     "EMBEDDED_SMOLLM2",
     "ENV_PREFIX",

@@ -11,11 +11,23 @@ here and only here; the descriptions are the README table.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 EMBEDDED_SMOLLM2 = "embedded:smollm2-135m"
+# The embedded drafter's measured scoring layer (BENCHMARKS.md, issue 10: layer 8 of 30 with
+# the head and probe trained for it keeps the evidence layer 17 keeps, at half the cost) and
+# the layers a trained head and probe ship for (pflash/data; None = the profile default, 17).
+EMBEDDED_HEAD_LAYER = 8
+EMBEDDED_SHIPPED_LAYERS = (None, 8, 17)
+# The drafter's own layer at its profile default, no trained head or probe: what training and
+# the layer/calibration measurements score with, whatever the product defaults are.
+UNTUNED_SCORING = {
+    "drafter_head_layer": None,
+    "scoring_head_gguf": None,
+    "segment_probe_gguf": None,
+}
 
 Mode = Literal["off", "auto", "always"]
 SelectMode = Literal["budget_only", "top_p", "top_k", "legacy"]
@@ -61,7 +73,7 @@ class GateConfig(Component):
         description="auto mode compresses when the droppable part of the prompt has at least this many target tokens (the reference's 32000 is for 128K models).",
     )
     keep_ratio: float = Field(
-        0.05, gt=0, le=1, description="Configured keep ratio r0 over droppable tokens, in (0, 1]."
+        0.1, gt=0, le=1, description="Configured keep ratio r0 over droppable tokens, in (0, 1]."
     )
     curve: tuple[tuple[int, float], ...] = Field(
         (),
@@ -101,9 +113,9 @@ class SelectionConfig(Component):
         "budget_only", description="budget_only, top_p, top_k, or legacy (the v1 selector)."
     )
     select_chunk_size: int | None = Field(
-        None,
+        64,
         gt=0,
-        description="Fixed chunk size in drafter tokens; unset = schedule by length (<500:128, <3000:512, else 1024).",
+        description="Fixed chunk size in drafter tokens (never more than the token budget); `by_length` (or null) = the reference's schedule by length (<500:128, <3000:512, else 1024).",
     )
     select_query_tokens: int = Field(
         8, ge=1, le=512, description="Scorer query window width in tokens, [1, 512]."
@@ -205,6 +217,14 @@ class SelectionConfig(Component):
     )
 
     _check_finite = field_validator("select_top_p", "select_split")(_finite)
+
+    @field_validator("select_chunk_size", mode="before")
+    @classmethod
+    def _by_length(cls, v: Any) -> Any:
+        # a word for the schedule, so a JSON merge patch (k8s overlay) can ask for it: a
+        # patch's null deletes the key, which would bring back the default
+        return None if v == "by_length" else v
+
     _read_off = field_validator("select_position_prior", mode="before")(_yaml_off)
 
 
@@ -291,10 +311,9 @@ class ScoringConfig(Component):
     drafter_profile: DrafterProfile = Field(
         "auto", description="Scorer profile; auto reads the architecture from the model."
     )
-    drafter_head_layer: int | None = Field(
-        None,
-        ge=0,
-        description="Scoring layer (any profile); unset = the profile default (generic: 57% of depth, measured).",
+    drafter_head_layer: Annotated[int, Field(ge=0)] | Literal["auto"] | None = Field(
+        "auto",
+        description="Scoring layer (any profile); auto = the measured layer of a drafter that ships a trained head (embedded:smollm2-135m: 8), else the profile default; unset = the profile default (generic: 57% of depth, measured).",
     )
     drafter_chunk_tokens: int = Field(
         1024, ge=16, description="Drafter forward chunk (rows per step); bounds activation memory."
@@ -312,12 +331,12 @@ class ScoringConfig(Component):
 
     # --- artefacts bound to the drafter file by sha256
     scoring_head_gguf: str | None = Field(
-        None,
-        description="Trained scoring head GGUF bound to the drafter file by sha256; `embedded` = the head shipped for embedded:smollm2-135m (pflash head train reproduces it).",
+        "auto",
+        description="Trained scoring head GGUF bound to the drafter file by sha256; `embedded` = the head shipped for embedded:smollm2-135m (pflash head train reproduces it); auto = `embedded` for that drafter at a layer a head ships for, with the head scorer and strict selection, else none.",
     )
     segment_probe_gguf: str | None = Field(
-        None,
-        description="Segment probe GGUF bound to the drafter file by sha256; `embedded` = the probe shipped for embedded:smollm2-135m (pflash probe train reproduces it).",
+        "auto",
+        description="Segment probe GGUF bound to the drafter file by sha256; `embedded` = the probe shipped for embedded:smollm2-135m (pflash probe train reproduces it); auto = `embedded` for that drafter at a layer a probe ships for, with strict selection, else none.",
     )
     drafter_calibration: str | None = Field(
         None,

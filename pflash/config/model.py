@@ -28,6 +28,8 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
 from pflash.config.components import (
+    EMBEDDED_HEAD_LAYER,
+    EMBEDDED_SHIPPED_LAYERS,
     EMBEDDED_SMOLLM2,
     Component,
     GateConfig,
@@ -63,6 +65,34 @@ class PFlashConfig(ComponentSet):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
+
+    @model_validator(mode="after")
+    def _resolve_auto(self) -> PFlashConfig:
+        """`auto` scoring settings become concrete here, so every reader sees one value: the
+        embedded drafter's measured layer, head and probe (the product default), none for
+        any other drafter or where they cannot apply (legacy selection, a non-head scorer)."""
+        s = self.scoring
+        auto = {
+            k: v
+            for k in ("drafter_head_layer", "scoring_head_gguf", "segment_probe_gguf")
+            if (v := getattr(s, k)) == "auto"
+        }
+        if not auto:
+            return self
+        # a calibration picks the layer and weighs the base layer's heads: no trained head
+        embedded = self.drafter == EMBEDDED_SMOLLM2 and self.strict and not self.drafter_calibration
+        layer = s.drafter_head_layer
+        if layer == "auto":
+            layer = EMBEDDED_HEAD_LAYER if embedded and self.select_scorer == "head" else None
+        shipped = embedded and layer in EMBEDDED_SHIPPED_LAYERS
+        resolved = {
+            "drafter_head_layer": layer,
+            "scoring_head_gguf": "embedded" if shipped and self.select_scorer == "head" else None,
+            "segment_probe_gguf": "embedded" if shipped else None,
+        }
+        for key in auto:  # once, while the object is being built (components are frozen after)
+            object.__setattr__(s, key, resolved[key])
+        return self
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PFlashConfig:

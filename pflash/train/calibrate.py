@@ -324,12 +324,14 @@ def calibrate(
     log=print,
 ) -> dict:
     """Measure, choose and validate; return the calibration payload (see calibration.py)."""
-    from pflash.config import build_config
+    from pflash.config import UNTUNED_SCORING, build_config
     from pflash.models.drafter.scorer import DrafterScorer
     from pflash.models.drafter.scoring_head import drafter_sha256
     from pflash.models.source import load_tokenizer
 
-    scorer = DrafterScorer(build_config({"drafter": drafter, "drafter_sessions": 0}, env={}))
+    scorer = DrafterScorer(
+        build_config({**UNTUNED_SCORING, "drafter": drafter, "drafter_sessions": 0}, env={})
+    )
     tokenizer = load_tokenizer(drafter)
     layers = attention_layers(scorer.model)
     default_layer = scorer.profile.head_layer
@@ -472,13 +474,18 @@ def lookahead_report(
     """Needle chunk rank and scoring time with and without `k` look-ahead tokens on `n`
     needle prompts (`needle_prompt`, ~`tokens` drafter tokens). Prints one JSON line each."""
     from pflash.compress.scoring import ScoreRequest
-    from pflash.config import build_config
+    from pflash.config import UNTUNED_SCORING, build_config
     from pflash.corpus.needles import needle_prompt
     from pflash.models.drafter.scorer import DrafterScorer
     from pflash.models.source import load_tokenizer
 
     tokenizer = load_tokenizer(drafter)
-    base = {"drafter": drafter, "drafter_sessions": 0, "drafter_calibration": calibration}
+    base = {
+        **UNTUNED_SCORING,
+        "drafter": drafter,
+        "drafter_sessions": 0,
+        "drafter_calibration": calibration,
+    }
     plain = DrafterScorer(build_config(base, env={}))
     ahead = DrafterScorer(
         build_config(base | {"drafter_lookahead_tokens": k}, env={}), plain.loaded

@@ -71,9 +71,10 @@ class TrainOptions:
 def scoring_config(drafter: str, layer: int | None, **extra):
     """The config prompts are planned and scored with: strict head scorer, always compress
     (so `prepare` builds the request), fixed 64-token chunks."""
-    from pflash.config import build_config
+    from pflash.config import UNTUNED_SCORING, build_config
 
     values = {
+        **UNTUNED_SCORING,  # the layer's own q_proj/k_proj: what the head is trained against
         "drafter": drafter,
         "drafter_head_layer": layer,
         "mode": "always",

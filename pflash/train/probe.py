@@ -404,7 +404,7 @@ def train_to_file(opts: TrainOptions, out: Path, cache: Path | None = None) -> d
     Returns the report (validation numbers, timings) that is also printed."""
     import torch
 
-    from pflash.config import build_config
+    from pflash.config import UNTUNED_SCORING, build_config
     from pflash.models.drafter.scorer import DrafterScorer
     from pflash.models.loading import load_causal_lm
     from pflash.models.probe import ProbeFile, scorer_probe_identity, write_probe_gguf
@@ -413,7 +413,9 @@ def train_to_file(opts: TrainOptions, out: Path, cache: Path | None = None) -> d
     torch.set_num_threads(opts.threads)
     torch.use_deterministic_algorithms(True)
     t0 = time.perf_counter()
-    config = build_config({"drafter": opts.drafter, "drafter_head_layer": opts.layer}, env={})
+    config = build_config(
+        {**UNTUNED_SCORING, "drafter": opts.drafter, "drafter_head_layer": opts.layer}, env={}
+    )
     scorer = DrafterScorer(config, load_causal_lm(opts.drafter))
     identity = scorer_probe_identity(scorer)
     tap_key = f"{identity.runtime_gguf_sha256}:{identity.feature_tap}"  # cached taps per layer

@@ -197,12 +197,47 @@ def test_plan_budget_for_reads_the_plan_and_config():
         system=(Span(0, 10),),
         instruction_role=(Span(1100, 1200),),
     )
-    config = build_config({"keep_ratio": 0.1, "mode": "auto", "threshold": 100}, env={})
+    config = build_config(
+        {"keep_ratio": 0.1, "mode": "auto", "threshold": 100, "select_chunk_size": None}, env={}
+    )
     budget = plan_budget_for(plan, config, prompt_tokens=4800, max_ctx=None, max_output=0)
-    assert budget.chunk_size == 1024  # S = 6000 -> scheduled 1024
-    assert budget.kept_tokens == 1024 + 1024 + (6000 - 5120)  # system, instruction, query chunks
+    # S = 6000 -> scheduled 1024 (the reference's schedule), cut to the budget floor(6000 * 0.1)
+    assert budget.chunk_size == 600
+    assert budget.kept_tokens == 600 + 600 + 600  # system, instruction, query chunks
     assert budget.r0 == 0.1
     assert budget.compress
     adaptive = plan_budget_for(plan, config, prompt_tokens=4800, max_ctx=None, max_output=0, r0=0.2)
     assert adaptive.r0 == 0.2
     assert adaptive.budget > budget.budget
+
+
+@pytest.mark.parametrize("chunk", [64, 512, None])
+def test_chunk_never_exceeds_the_token_budget_whatever_the_config_says(chunk):
+    """A pin makes its whole chunk mandatory: with 512-token chunks a 1.4K-token chat at
+    keep 0.1 (budget 140) kept 0.67 of its prompt. The chunk is cut to the budget."""
+    n = 1400
+    drafter = TokenizedText(
+        text="x" * n, ids=tuple(range(n)), offsets=tuple((i, i + 1) for i in range(n))
+    )
+    plan = Plan(
+        drafter=drafter,
+        query_span=Span(1380, 1400),
+        query=Span(1392, 1400),
+        query_rule="prompt_end",
+        system=(Span(0, 12),),
+    )
+    config = build_config({"keep_ratio": 0.1, "mode": "always", "select_chunk_size": chunk}, env={})
+    budget = plan_budget_for(plan, config, prompt_tokens=n, max_ctx=None, max_output=0)
+    assert budget.chunk_size <= 140
+    assert budget.chunk_size == (64 if chunk == 64 else 140)
+    # the system pin and the question cost two chunks, not two 512-token blocks
+    assert budget.kept_tokens <= 2 * 140 and budget.keep_ratio < 0.3
+
+
+def test_fitted_chunk_size_allows_64_tokens_and_keeps_smaller_chunks():
+    from pflash.compress.segments import MIN_CHUNK_TOKENS, fitted_chunk_size
+
+    assert fitted_chunk_size(64, 1000) == 64
+    assert fitted_chunk_size(512, 140) == 140
+    assert fitted_chunk_size(512, 3) == MIN_CHUNK_TOKENS == 64
+    assert fitted_chunk_size(32, 3) == 32  # a configured smaller chunk stays

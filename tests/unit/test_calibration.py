@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import UNTUNED
 
 from pflash.compress.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest
@@ -153,7 +154,7 @@ def test_the_shipped_file_is_bound_to_the_embedded_drafter():
 def calibrated_scorer(tiny, tmp_path, **config) -> DrafterScorer:
     path = write_calibration(tmp_path / "c.json", payload(drafter_sha256(tiny.source.path)))
     settings = {"drafter_chunk_tokens": 16, "drafter_calibration": str(path)}
-    return DrafterScorer(build_config(settings | config, env={}), tiny)
+    return DrafterScorer(build_config(UNTUNED | settings | config, env={}), tiny)
 
 
 def test_calibrated_layer_and_head_weights_replace_the_plain_mean(tiny, tmp_path):
@@ -198,13 +199,13 @@ def test_an_explicit_head_layer_that_disagrees_with_the_calibration_is_refused(t
 
 def test_a_calibration_for_another_drafter_is_refused(tiny, tmp_path):
     path = write_calibration(tmp_path / "c.json", payload("0" * 64))
-    config = build_config({"drafter_calibration": str(path)}, env={})
+    config = build_config(UNTUNED | {"drafter_calibration": str(path)}, env={})
     with pytest.raises(ConfigError, match="drafter_sha256"):
         DrafterScorer(config, tiny)
 
 
 def test_without_a_calibration_the_scorer_is_unchanged(tiny):
-    scorer = DrafterScorer(build_config({"drafter_head_layer": 1}, env={}), tiny)
+    scorer = DrafterScorer(build_config(UNTUNED | {"drafter_head_layer": 1}, env={}), tiny)
     assert scorer.calibration is None and scorer.head_weights is None
     result = scorer(ScoreRequest(ids=ids_of(80), windows=WINDOWS, query=QUERY))
     assert result.extras["calibration"] is None
@@ -216,7 +217,7 @@ def test_without_a_calibration_the_scorer_is_unchanged(tiny):
 def test_calibration_measures_with_the_scorer_s_own_math(tiny):
     """The mean over heads of `chunk_masses` at the scoring layer is the scorer's mass
     summed over each context chunk, so a head's measured rank is what the scorer would see."""
-    scorer = DrafterScorer(build_config({"drafter_head_layer": 2}, env={}), tiny)
+    scorer = DrafterScorer(build_config(UNTUNED | {"drafter_head_layer": 2}, env={}), tiny)
     ids, query = ids_of(300, seed=4), Span(296, 300)
     windows = (QueryWindow(query, 1.0, "main"), QueryWindow(Span(280, 288), 1.0, "turn"))
     p = NeedlePrompt(ids, query, windows, context=Span(4, 270), needle=Span(100, 110))

@@ -35,7 +35,7 @@ def test_product_defaults_are_strict_selection_with_auto_mode():
     assert cfg.select_scorer == "head"
     assert cfg.select_query_parser == "arbitrary_tail"
     assert cfg.mode == "auto"
-    assert cfg.keep_ratio == 0.05
+    assert cfg.keep_ratio == 0.1
     assert cfg.select_top_p == 0.95
     assert cfg.select_query_tokens == 8
     assert cfg.chat_view is True and cfg.chat_recall is True
@@ -167,12 +167,12 @@ LAYOUT = {
     "gate": {
         "mode": "auto",
         "threshold": 2048,
-        "keep_ratio": 0.05,
+        "keep_ratio": 0.1,
         "curve": [],
     },
     "selection": {
         "select_mode": "budget_only",
-        "select_chunk_size": None,
+        "select_chunk_size": 64,
         "select_query_tokens": 8,
         "select_query_parser": "arbitrary_tail",
         "select_top_p": 0.95,
@@ -224,12 +224,12 @@ LAYOUT = {
         "drafter": "embedded:smollm2-135m",
         "drafter_tokenizer": None,
         "drafter_profile": "auto",
-        "drafter_head_layer": None,
+        "drafter_head_layer": 8,
         "drafter_chunk_tokens": 1024,
         "drafter_sessions": 2,
         "device": "auto",
-        "scoring_head_gguf": None,
-        "segment_probe_gguf": None,
+        "scoring_head_gguf": "embedded",
+        "segment_probe_gguf": "embedded",
         "drafter_calibration": None,
         "drafter_lookahead_tokens": 0,
         "drafter_lookahead_weight": 1.0,
@@ -327,12 +327,12 @@ SAMPLES = [
     ("drafter", "/models/d.gguf", "/models/d.gguf", "/models/d.gguf"),
     ("drafter_tokenizer", "/models/tok", "/models/tok", "/models/tok"),
     ("drafter_profile", "qwen3", "qwen3", "qwen3"),
-    ("drafter_head_layer", 8, "8", 8),
+    ("drafter_head_layer", 17, "17", 17),
     ("drafter_chunk_tokens", 256, "256", 256),
     ("drafter_sessions", 0, "0", 0),
     ("device", "cpu", "cpu", "cpu"),
-    ("scoring_head_gguf", "embedded", "embedded", "embedded"),
-    ("segment_probe_gguf", "embedded", "embedded", "embedded"),
+    ("scoring_head_gguf", "/models/h.gguf", "/models/h.gguf", "/models/h.gguf"),
+    ("segment_probe_gguf", "/models/p.gguf", "/models/p.gguf", "/models/p.gguf"),
     ("drafter_calibration", "embedded", "embedded", "embedded"),
     ("drafter_lookahead_tokens", 4, "4", 4),
     ("drafter_lookahead_weight", 0.5, "0.5", 0.5),
@@ -368,6 +368,16 @@ def test_flat_key_nested_key_and_env_name_mean_the_same(key, yaml_value, env_val
     assert getattr(flat, key) == getattr(getattr(flat, component), key) == expected
     assert flat == nested == from_env
     assert key == "select_container_headers" or expected != LAYOUT[component][key]
+
+
+# the five defaults that changed when the library took the embedded app's tuning (issue 14)
+BEFORE_DEFAULTS = {
+    "keep_ratio": 0.05,
+    "select_chunk_size": None,
+    "drafter_head_layer": None,
+    "scoring_head_gguf": None,
+    "segment_probe_gguf": None,
+}
 
 
 def shipped_args(path: Path) -> dict:
@@ -417,10 +427,17 @@ def shipped_args(path: Path) -> dict:
     ],
 )
 def test_shipped_args_build_the_config_they_built_before_nesting(path, expected):
-    """The effective config (what differs from the defaults) of the Serve configs shipped
-    before the nesting, recorded from the flat PFlashConfig."""
+    """The effective config of the Serve configs shipped before the nesting and before the
+    product defaults became the embedded tuning (issue 14): every value, recorded from the
+    flat PFlashConfig as the old defaults plus what each file set. keep_ratio is not read
+    when a curve is set."""
     cfg = build_config(shipped_args(ROOT / path), env={})
-    assert cfg.model_dump(mode="json", exclude_defaults=True) == expected
+    before = {key: value for knobs in LAYOUT.values() for key, value in knobs.items()}
+    before |= BEFORE_DEFAULTS | expected
+    got = cfg.model_dump(mode="json")
+    if got["curve"]:
+        got.pop("keep_ratio"), before.pop("keep_ratio")
+    assert got == before
 
 
 @pytest.mark.parametrize(
@@ -457,6 +474,10 @@ def test_flat_dump_round_trips():
         "select_mode": "top_k",
         "select_topk": 3,
         "api_keys": ["k"],
+        # `auto` scoring settings are resolved for the embedded drafter, so they differ
+        "drafter_head_layer": 8,
+        "scoring_head_gguf": "embedded",
+        "segment_probe_gguf": "embedded",
     }
     assert build_config(small, env={}) == cfg
     rebuilt = build_config({**cfg.model_dump(), "select_topk": 5}, env={})
@@ -537,13 +558,18 @@ def test_a_part_holds_only_its_components_and_reads_their_knobs_flat():
 
 def test_a_part_is_rebuilt_from_its_keys_and_a_live_update_of_any_knob():
     cfg = build_config(
-        {"drafter_head_layer": 8, "select_chunk_size": 64, "keep_ratio": 0.2}, env={}
+        {"drafter_head_layer": 17, "select_chunk_size": 32, "keep_ratio": 0.2}, env={}
     )
     args = cfg.part(DrafterScorerPart).model_dump(mode="json", exclude_defaults=True)
-    assert args == {"drafter_head_layer": 8, "select_chunk_size": 64}
+    assert args == {
+        "drafter_head_layer": 17,
+        "select_chunk_size": 32,
+        "scoring_head_gguf": "embedded",  # auto, resolved for the embedded drafter
+        "segment_probe_gguf": "embedded",
+    }
     assert build_part(DrafterScorerPart, args, env={}) == cfg.part(DrafterScorerPart)
     live = build_part(DrafterScorerPart, {**args, "keep_ratio": 0.3, "select_top_p": 0.5}, env={})
-    assert (live.select_top_p, live.drafter_head_layer) == (0.5, 8)
+    assert (live.select_top_p, live.drafter_head_layer) == (0.5, 17)
     env = build_part(DrafterScorerPart, args, env={"PFLASH_DRAFTER_SESSIONS": "0"})
     assert env.drafter_sessions == 0
     with pytest.raises(ConfigError) as err:
@@ -584,7 +610,7 @@ def test_build_app_gives_each_deployment_only_its_part(monkeypatch):
         "scoring_head_gguf": "embedded",
         "segment_probe_gguf": "embedded",
     }
-    assert bound["DrafterScorerDeployment"] == ({**scoring, "select_chunk_size": 64},)
+    assert bound["DrafterScorerDeployment"] == (scoring,)
     assert bound["SegmentProbeDeployment"] == (scoring,)
     assert bound["TargetModelDeployment"] == ({"max_context": 4096, **scoring},)
     assert bound["SessionStore"] == ({"view_capacity": 8},)

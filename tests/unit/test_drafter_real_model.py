@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import UNTUNED
 
 from pflash.compress.scoring import ScoreRequest
 from pflash.config import build_config
@@ -23,7 +24,7 @@ def scorer():
     torch.set_num_threads(1)
     from pflash.models.drafter.scorer import DrafterScorer
 
-    return DrafterScorer(build_config({}, env={}))
+    return DrafterScorer(build_config(UNTUNED, env={}))  # the generic profile's own layer
 
 
 def test_embedded_drafter_loads_with_facts_from_its_gguf(scorer):

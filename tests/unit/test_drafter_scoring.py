@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import UNTUNED
 
 from pflash.compress.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest, candidate_lifts
@@ -51,7 +52,7 @@ def make_scorer(kind: str, **config) -> DrafterScorer:
         "drafter_chunk_tokens": 16,
         "legacy_query_tokens": 6,
     }
-    return DrafterScorer(build_config(settings | config, env={}), loaded_tiny(kind))
+    return DrafterScorer(build_config(UNTUNED | settings | config, env={}), loaded_tiny(kind))
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3", "qwen3_5"])
@@ -299,7 +300,7 @@ def test_split_scorer_returns_head_mass_and_legacy_scores_from_one_forward(score
 
 def test_scorer_given_only_its_part_scores_like_the_whole_config():
     """The DrafterScorer deployment holds only DrafterScorerPart (scoring + selection)."""
-    config = build_config({"drafter_head_layer": 2, "drafter_chunk_tokens": 16}, env={})
+    config = build_config(UNTUNED | {"drafter_head_layer": 2, "drafter_chunk_tokens": 16}, env={})
     whole = DrafterScorer(config, loaded_tiny("llama"))
     part = DrafterScorer(config.part(DrafterScorerPart), whole.loaded)
     assert part.profile == whole.profile == resolve_profile(whole.loaded, config.scoring)
@@ -373,7 +374,7 @@ def test_bad_query_windows_fail_closed(scorer, query, message):
 
 
 def test_profiles_state_head_layer_tap_and_legacy_layers():
-    q35 = resolve_profile(loaded_tiny("qwen3_5"), build_config({}, env={}))
+    q35 = resolve_profile(loaded_tiny("qwen3_5"), build_config(UNTUNED, env={}))
     assert (q35.name, q35.head_layer, q35.legacy_layers, q35.legacy_rope, q35.gated_q) == (
         "qwen35",
         7,
@@ -382,13 +383,13 @@ def test_profiles_state_head_layer_tap_and_legacy_layers():
         True,
     )
     assert q35.tap == "post_block6_residual_before_block7"
-    qwen3 = resolve_profile(loaded_tiny("qwen3"), build_config({}, env={}))
+    qwen3 = resolve_profile(loaded_tiny("qwen3"), build_config(UNTUNED, env={}))
     assert (qwen3.name, qwen3.head_layer, qwen3.legacy_rope) == (
         "qwen3",
         2,
         False,
     )  # round(13 * 4 / 28)
-    generic = resolve_profile(loaded_tiny("llama"), build_config({}, env={}))
+    generic = resolve_profile(loaded_tiny("llama"), build_config(UNTUNED, env={}))
     assert generic.name == "generic" and generic.head_layer == round(
         drafter_mod.GENERIC_HEAD_FRACTION * 4
     )

@@ -351,7 +351,7 @@ def test_serve_deployment_names_exist_in_the_app_and_args_are_valid_pflash_confi
     config = build_config(app["args"], env={})
     assert config.drafter == "/models/qwen3-0.6b/Qwen3-0.6B-Q8_0.gguf"
     assert config.target == "/models/qwen3-8b" and config.target_backend == "transformers"
-    assert config.select_chunk_size is None  # the overlay's null removed the laptop's 64
+    assert config.select_chunk_size is None  # the overlay asks for the schedule (by_length)
 
 
 def test_autoscaled_deployments_have_no_fixed_replica_count():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import UNTUNED
 
 from pflash.bench.probe_eval import Env, compare_case, held_out_boundaries, retrieval_case
 from pflash.config import build_config
@@ -41,7 +42,7 @@ def test_committed_probe_is_bound_to_the_embedded_drafter(env):
 
 def test_drafter_identity_from_the_file_alone_matches_the_loaded_scorer(env):
     """The SegmentProbe deployment checks the binding without loading the drafter."""
-    config = build_config({"drafter": "embedded:smollm2-135m"}, env={})
+    config = build_config(UNTUNED | {"drafter": "embedded:smollm2-135m"}, env={})
     assert drafter_probe_identity(config) == scorer_probe_identity(env.scorer)
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from conftest import UNTUNED
 
 from pflash.compress.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest
@@ -40,7 +41,9 @@ def drafter(tmp_path_factory):
 
 
 def base_scorer(loaded, **config) -> DrafterScorer:
-    return DrafterScorer(build_config({"drafter_chunk_tokens": 16} | config, env={}), loaded)
+    return DrafterScorer(
+        build_config(UNTUNED | {"drafter_chunk_tokens": 16} | config, env={}), loaded
+    )
 
 
 def untrained_head_weights(scorer):

@@ -223,13 +223,14 @@ def test_no_candidates_is_exhausted_not_an_error():
 def test_selection_defaults_without_environment():
     """Item 13, with the product's deliberate difference: the reference defaults to the
     legacy selector (mode Legacy, chunk 32, strict inactive); our product default is strict
-    budget_only with the chunk size scheduled by length. Parser, query width and top_p match;
-    the legacy selector's chunk stays 32."""
+    budget_only with 64-token chunks (the reference's schedule by length with
+    select_chunk_size unset). Parser, query width and top_p match; the legacy selector's
+    chunk stays 32."""
     config = build_config({}, env={})
     assert config.select_mode == "budget_only"
     assert config.strict
     assert config.select_query_parser == "arbitrary_tail"
-    assert config.select_chunk_size is None
+    assert config.select_chunk_size == 64
     assert config.legacy_chunk_size == 32
     assert config.select_query_tokens == 8
     assert config.select_top_p == 0.95

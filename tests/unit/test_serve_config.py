@@ -34,3 +34,13 @@ def test_default_app_args_are_a_valid_config():
         "SegmentProbe",
         "TargetModel",
     }
+
+
+def test_serve_config_runs_the_product_defaults():
+    """The library, `pflash compress` and the app agree: serve_config.yaml's args name only
+    the models and the gate, and build exactly the default config."""
+    from pflash.config import build_config
+
+    args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
+    assert set(args) == {"drafter", "target", "target_backend", "mode", "threshold"}
+    assert build_config(args, env={}) == build_config({}, env={})

@@ -141,3 +141,16 @@ def test_the_recording_covers_every_view_outcome_and_gate_path():
     assert {"fresh", "continue", "continue-compressed", "rebuild", "repeat"} <= modes
     reasons = {c["stats"]["stop_reason"] for c in RECORDED["cases"].values()}
     assert {"mode_off", "droppable_below_threshold", "budget_reached", "legacy"} <= reasons
+
+
+def test_pflash_compress_serves_the_prompt_the_app_served(smollm2_tokenizer):
+    """One set of product defaults: `pflash compress FILE --keep-ratio 0.1` with no config
+    file serves, for the same chat, the prompt the app from serve_config.yaml served."""
+    from pflash.cli.compress import CompressRequest, compress_config, compress_request
+
+    (case,) = [c for c in cases() if c["name"] == "chat_always"]
+    config = compress_config(None, keep_ratio=0.1)
+    report = compress_request(CompressRequest(messages=case["body"]["messages"]), config)
+    want = RECORDED["cases"]["chat_always"]
+    assert report.prompt == want["prompt"]
+    assert report.stats["compressed_tokens"] == want["stats"]["compressed_tokens"]
