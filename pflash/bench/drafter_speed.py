@@ -12,7 +12,7 @@ Run: `python -m pflash.bench.drafter_speed [--sections speed,memory,session,laye
 - layers: for needle prompts in real prose (licenses in /usr/share/common-licenses and
   Python stdlib docstrings), the needle chunk's rank among context chunks at every layer
   of SmolLM2 (plain NoPE head at that layer), and the forward cost per layer. The
-  generic profile default (`GENERIC_HEAD_FRACTION` in pflash/models/drafter/scorer.py) is set
+  generic profile default (`GENERIC_HEAD_FRACTION` in pflash/models/drafter/profile.py) is set
   from this table.
 
 Needle prompts (`needle_prompt`) are also used by tests/unit/test_drafter_real_model.py.
@@ -55,7 +55,7 @@ def layer_sweep(scorer, prompts: list[NeedlePrompt], chunk: int = 64) -> np.ndar
     """
     import torch
 
-    from pflash.models.drafter.scorer import (
+    from pflash.models.drafter.attention import (
         head_keys,
         head_queries,
         mix_window_masses,

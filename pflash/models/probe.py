@@ -115,7 +115,7 @@ def drafter_probe_identity(config) -> ProbeIdentity:
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pflash.models.drafter.scorer import resolve_profile
+    from pflash.models.drafter.profile import resolve_profile
     from pflash.models.gguf_io import read_gguf_facts
     from pflash.models.loading import LoadedModel, guard_gguf_config
     from pflash.models.source import resolve_source

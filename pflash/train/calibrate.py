@@ -185,7 +185,7 @@ def chunk_masses(scorer, prompt: NeedlePrompt, layers: tuple[int, ...]) -> np.nd
     """
     import torch
 
-    from pflash.models.drafter.scorer import (
+    from pflash.models.drafter.attention import (
         head_keys,
         head_queries,
         mix_window_masses,

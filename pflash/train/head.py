@@ -155,7 +155,7 @@ class TrainableHead:
 def head_mass(scorer, head, tap, ex: HeadExample):
     """The mass [S] the scorer computes for `ex` from its tap [S, hidden] with `head`
     (None = the layer's own projections); differentiable in the head's weights."""
-    from pflash.models.drafter.scorer import (
+    from pflash.models.drafter.attention import (
         head_keys,
         head_queries,
         mix_window_masses,

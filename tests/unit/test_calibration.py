@@ -22,15 +22,7 @@ from pflash.compress.scoring import ScoreRequest
 from pflash.config import build_config
 from pflash.corpus.needles import NeedlePrompt
 from pflash.errors import ConfigError
-from pflash.models.drafter.calibration import (
-    EMBEDDED_FILE,
-    SCHEMA,
-    load_calibration,
-    resolve_calibration_path,
-    write_calibration,
-)
-from pflash.models.drafter.scorer import (
-    DrafterScorer,
+from pflash.models.drafter.attention import (
     head_keys,
     head_queries,
     mix_window_masses,
@@ -38,6 +30,14 @@ from pflash.models.drafter.scorer import (
     window_head_masses,
     window_mass,
 )
+from pflash.models.drafter.calibration import (
+    EMBEDDED_FILE,
+    SCHEMA,
+    load_calibration,
+    resolve_calibration_path,
+    write_calibration,
+)
+from pflash.models.drafter.scorer import DrafterScorer
 from pflash.models.drafter.scoring_head import drafter_sha256
 from pflash.models.gguf_io import tiny_decoder
 from pflash.models.loading import LoadedModel

@@ -21,12 +21,9 @@ from pflash.compress.scoring import ScoreRequest, candidate_lifts
 from pflash.config import DrafterScorerPart, build_config
 from pflash.errors import CompressionFailed, ConfigError
 from pflash.models.drafter import scorer as drafter_mod
-from pflash.models.drafter.scorer import (
-    DrafterScorer,
-    mean_head_mass,
-    resolve_profile,
-    smooth_in_range,
-)
+from pflash.models.drafter.attention import mean_head_mass, smooth_in_range
+from pflash.models.drafter.profile import GENERIC_HEAD_FRACTION, resolve_profile
+from pflash.models.drafter.scorer import DrafterScorer
 from pflash.models.gguf_io import tiny_decoder
 from pflash.models.loading import LoadedModel
 from pflash.models.source import ModelSource
@@ -390,9 +387,7 @@ def test_profiles_state_head_layer_tap_and_legacy_layers():
         False,
     )  # round(13 * 4 / 28)
     generic = resolve_profile(loaded_tiny("llama"), build_config(UNTUNED, env={}))
-    assert generic.name == "generic" and generic.head_layer == round(
-        drafter_mod.GENERIC_HEAD_FRACTION * 4
-    )
+    assert generic.name == "generic" and generic.head_layer == round(GENERIC_HEAD_FRACTION * 4)
     assert generic.schema.endswith("_nope_qk_mass_v1")
 
 

@@ -16,14 +16,14 @@ import torch
 from pflash.compress.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest
 from pflash.config import build_config
-from pflash.models.drafter.scorer import (
-    DrafterScorer,
+from pflash.models.drafter.attention import (
     head_keys,
     head_queries,
     mix_window_masses,
     visible_keys,
     window_mass,
 )
+from pflash.models.drafter.scorer import DrafterScorer
 from pflash.models.gguf_io import tiny_decoder
 from pflash.models.loading import LoadedModel
 from pflash.models.source import ModelSource

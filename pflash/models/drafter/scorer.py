@@ -1,6 +1,6 @@
 """The drafter scorer: how strongly the query windows attend to every prompt token (§2, §3).
 
-Reading order, top-down:
+Reading order, top-down (1 in `profile.py`, 2-5 in `attention.py`, 6 here):
 
 1. `resolve_profile`: which layer scores (the head layer L), which layers the legacy
    scorer reads, where the probe tap is. Profiles: `qwen3` (Qwen3-0.6B: head at block 13,
@@ -32,20 +32,35 @@ input_layernorm), so this file reads next to `modeling_qwen3.py` / `modeling_qwe
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pflash.compress.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest, ScoreResult
-from pflash.config import DrafterScorerPart, ScoringConfig
-from pflash.errors import CompressionFailed, ConfigError, ModelUnavailable
+from pflash.config import DrafterScorerPart
+from pflash.errors import CompressionFailed, ConfigError
+from pflash.models.drafter.attention import (
+    NonFiniteScores,
+    attention_shape,
+    chunk_bounds,
+    decode_lookahead,
+    decoder_of,
+    head_keys,
+    head_queries,
+    mix_window_masses,
+    run_full_chunk,
+    run_trunk_chunk,
+    smooth_in_range,
+    tail_running_max,
+    visible_keys,
+    window_mass,
+)
 from pflash.models.drafter.calibration import Calibration, load_calibration
+from pflash.models.drafter.profile import resolve_profile
 from pflash.models.drafter.scoring_head import (
     HeadIdentity,
     ScoringHead,
@@ -68,443 +83,6 @@ from pflash.models.loading import LoadedModel, load_causal_lm, resolve_device
 from pflash.spans import Span
 
 log = logging.getLogger(__name__)
-
-# Generic profile head layer as a fraction of depth, measured on SmolLM2-135M (30 layers)
-# with `python -m pflash.bench.drafter_speed --sections layers --layer-prompts 18`: 2K-token
-# needle prompts in real prose, needle chunk in the top 10% of 64-token chunks for
-# 18/18 prompts at layer 17, 17/18 at 18, 12/18 at 16, at most 8/18 at layers 0..15
-# (layer 13, "about 45%", 5/18). Layer 17 costs 17/30 of a full forward.
-GENERIC_HEAD_FRACTION = 0.57
-KEY_BLOCK_ELEMENTS = 1 << 22  # logits per key block: heads x rows x keys (16 MB fp32)
-
-QWEN3_REFERENCE = {"hidden_size": 1024, "num_hidden_layers": 28}
-QWEN35_REFERENCE = {"hidden_size": 1024, "num_hidden_layers": 24}
-
-
-class NonFiniteScores(RuntimeError):
-    """Probabilities with NaN/inf: the scorer rescores once from scratch, then fails."""
-
-
-# --------------------------------------------------------------------------- 1. profile
-
-
-@dataclass(frozen=True)
-class ScorerProfile:
-    """Which layers a drafter scores with.
-
-    - `head_layer` L: blocks 0..L-1 run; block L's NoPE Q/K give the head mass. The probe
-      tap is the residual stream entering block L.
-    - `legacy_layers`: layers the legacy running-max scorer reads (all computed layers for
-      qwen3/generic, the full-attention layers for qwen35); `legacy_rope`: post-RoPE Q/K
-      (qwen35, §3.2) instead of NoPE (§3.1).
-    - `gated_q`: q_proj packs [query | gate] per head; the query half is used (qwen35).
-    - `base_model`, `schema`: what a trained head file for this drafter must state.
-    """
-
-    name: str
-    head_layer: int
-    n_layers: int
-    legacy_layers: tuple[int, ...]
-    legacy_rope: bool
-    gated_q: bool
-    base_model: str
-    schema: str
-
-    @property
-    def tap(self) -> str:
-        """Feature tap name, as the reference writes it for block 15."""
-        if self.head_layer == 0:
-            return "embeddings_before_block0"
-        return f"post_block{self.head_layer - 1}_residual_before_block{self.head_layer}"
-
-
-def infer_profile_name(architecture: str) -> str:
-    """GGUF architecture or HF model_type -> profile name."""
-    arch = architecture.lower()
-    if arch == "qwen3":
-        return "qwen3"
-    if arch in ("qwen35", "qwen3_5", "qwen3_5_text"):
-        return "qwen35"
-    return "generic"
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
-
-
-def _base_model_name(loaded: LoadedModel) -> str:
-    facts = loaded.gguf
-    if facts is not None and facts.basename:
-        return f"{facts.basename}-{facts.size_label}" if facts.size_label else facts.basename
-    if facts is not None and facts.name:
-        return facts.name
-    name = getattr(loaded.model.config, "_name_or_path", "") or loaded.model.config.model_type
-    return str(name).rstrip("/").rsplit("/", 1)[-1]
-
-
-def _matches(text_config, reference: dict) -> bool:
-    return all(getattr(text_config, k, None) == v for k, v in reference.items())
-
-
-def resolve_profile(
-    loaded: LoadedModel, config: ScoringConfig, calibrated_layer: int | None = None
-) -> ScorerProfile:
-    """The scorer profile for a loaded drafter. Reads only `scoring` knobs (`config` may be
-    the whole config or any part holding that component: they read the same names).
-
-    The head layer is `drafter_head_layer` when set, else a calibration's `calibrated_layer`,
-    else the profile default. Both set and different is a ConfigError: the calibration's
-    head weights were measured at its own layer and mean nothing at another.
-    """
-    model = loaded.model
-    text = model.config.get_text_config()
-    n = text.num_hidden_layers
-    name = config.drafter_profile
-    if name == "auto":
-        name = infer_profile_name(loaded.architecture or text.model_type)
-    layer_types = list(getattr(text, "layer_types", None) or ["full_attention"] * n)
-    attention_layers = tuple(i for i in range(n) if layer_types[i] != "linear_attention")
-    if name == "qwen35":
-        if not hasattr(model.model.layers[attention_layers[0]].self_attn, "q_norm"):
-            raise ModelUnavailable(
-                "drafter_profile qwen35 needs a Qwen3.5 model (gated attention with q_norm/k_norm)"
-            )
-        default = 15 if n == 24 else min(attention_layers, key=lambda i: (abs(i - 15 * n / 24), -i))
-        reference = _matches(text, QWEN35_REFERENCE)
-        base, schema = (
-            ("Qwen/Qwen3.5-0.8B", "qwen3_5_0_8b") if reference else (_base_model_name(loaded), None)
-        )
-        legacy_layers, legacy_rope, gated = attention_layers, True, True
-    elif name == "qwen3":
-        default = 13 if n == 28 else round(13 * n / 28)
-        reference = _matches(text, QWEN3_REFERENCE)
-        base, schema = (
-            ("Qwen/Qwen3-0.6B", "qwen3_0_6b") if reference else (_base_model_name(loaded), None)
-        )
-        legacy_layers, legacy_rope, gated = tuple(range(n)), False, False
-    else:
-        name = "generic"
-        default = min(n - 1, round(GENERIC_HEAD_FRACTION * n))
-        base, schema = _base_model_name(loaded), None
-        legacy_layers, legacy_rope, gated = attention_layers, False, False
-    explicit = config.drafter_head_layer
-    if explicit is not None and calibrated_layer is not None and explicit != calibrated_layer:
-        raise ConfigError(
-            "drafter_head_layer",
-            explicit,
-            f"the calibration {config.drafter_calibration!r} chose layer {calibrated_layer} and "
-            "its head weights hold only there; unset drafter_head_layer or drop the calibration",
-        )
-    head_layer = next(v for v in (explicit, calibrated_layer, default) if v is not None)
-    if not 0 <= head_layer < n:
-        raise ConfigError(
-            "drafter_head_layer",
-            head_layer,
-            f"a layer index in [0, {n}) for this {n}-layer drafter",
-        )
-    if head_layer not in attention_layers:
-        raise ConfigError(
-            "drafter_head_layer",
-            head_layer,
-            f"an attention layer of this drafter: {list(attention_layers)}",
-        )
-    attn = model.model.layers[head_layer].self_attn
-    if not (hasattr(attn, "q_proj") and hasattr(attn, "k_proj")):
-        raise ModelUnavailable(
-            f"drafter layer {head_layer} has no self_attn.q_proj/k_proj; the head scorer cannot read it"
-        )
-    return ScorerProfile(
-        name=name,
-        head_layer=head_layer,
-        n_layers=n,
-        legacy_layers=legacy_layers,
-        legacy_rope=legacy_rope,
-        gated_q=gated,
-        base_model=base,
-        schema=f"{schema or _slug(base)}_nope_qk_mass_v1",
-    )
-
-
-# --------------------------------------------------------------------------- 2. trunk forward
-
-
-class _ReachedScoringLayer(Exception):
-    """Raised by the pre-hook on the scoring layer: the layers after it never run."""
-
-
-def _decoder(model):
-    return model.model
-
-
-def run_trunk_chunk(
-    model, ids: torch.Tensor, start: int, cache, *, tap_layer: int, stop_at_tap: bool
-) -> torch.Tensor:
-    """Run one chunk `ids` [c] at positions [start, start+c) and return the hidden states
-    entering layer `tap_layer`, [c, hidden]. The cache grows by c tokens for every layer
-    that ran. With `stop_at_tap`, layer `tap_layer` and everything after it are skipped."""
-    decoder = _decoder(model)
-    captured: dict[str, torch.Tensor] = {}
-
-    def grab(module, args, kwargs):
-        captured["x"] = args[0] if args else kwargs["hidden_states"]
-        if stop_at_tap:
-            raise _ReachedScoringLayer
-
-    handle = decoder.layers[tap_layer].register_forward_pre_hook(grab, with_kwargs=True)
-    positions = torch.arange(start, start + ids.shape[0]).unsqueeze(0)  # [1, c]
-    try:
-        decoder(input_ids=ids.unsqueeze(0), position_ids=positions, cache=cache, use_cache=True)
-    except _ReachedScoringLayer:
-        pass
-    finally:
-        handle.remove()
-    return captured["x"][0]  # [c, hidden]
-
-
-def run_full_chunk(
-    model, ids: torch.Tensor, start: int, cache, *, tap_layer: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every layer over one chunk `ids` [c] at positions [start, start+c): the hidden states
-    entering `tap_layer` and the decoder's final (normed) hidden states, both [c, hidden]."""
-    decoder = _decoder(model)
-    captured: dict[str, torch.Tensor] = {}
-
-    def grab(module, args, kwargs):
-        captured["x"] = args[0] if args else kwargs["hidden_states"]
-
-    handle = decoder.layers[tap_layer].register_forward_pre_hook(grab, with_kwargs=True)
-    positions = torch.arange(start, start + ids.shape[0]).unsqueeze(0)  # [1, c]
-    try:
-        out = decoder(
-            input_ids=ids.unsqueeze(0), position_ids=positions, cache=cache, use_cache=True
-        )
-    finally:
-        handle.remove()
-    return captured["x"][0], out.last_hidden_state[0]
-
-
-def decode_lookahead(
-    model, cache, last_hidden: torch.Tensor, start: int, k: int, *, tap_layer: int
-) -> tuple[list[int], torch.Tensor]:
-    """Greedy-decode `k` tokens after a prompt of `start` tokens whose full forward filled
-    `cache`; return their ids and the hidden states entering `tap_layer` for each, [k, hidden].
-
-    `last_hidden` [hidden] is the final hidden state at the prompt's last token. Token i+1
-    is the argmax of the output head at token i, as `model.generate(do_sample=False)` picks
-    without logits processors. The k-th token is only needed up to the scoring layer, so its
-    step stops there; the cache is spent afterwards (it is never a session's cache).
-    """
-    head = model.get_output_embeddings()
-    tokens, rows = [], []
-    h = last_hidden
-    for i in range(k):
-        tokens.append(int(head(h.unsqueeze(0)).argmax(dim=-1)))
-        tok = torch.tensor(tokens[-1:], dtype=torch.long)
-        if i < k - 1:
-            x, final = run_full_chunk(model, tok, start + i, cache, tap_layer=tap_layer)
-            h = final[-1]
-        else:
-            x = run_trunk_chunk(model, tok, start + i, cache, tap_layer=tap_layer, stop_at_tap=True)
-        rows.append(x)
-    return tokens, torch.cat(rows).float()  # [k, hidden]
-
-
-def chunk_bounds(
-    begin: int, end: int, chunk: int, cuts: tuple[int, ...] = ()
-) -> list[tuple[int, int]]:
-    """[begin, end) in steps of `chunk`, also cut at each position in `cuts`."""
-    points = set(range(begin, end, chunk)) | {c for c in cuts if begin < c < end} | {end}
-    points = sorted(p for p in points if begin <= p <= end)
-    return [(a, b) for a, b in zip(points, points[1:], strict=False) if b > a]
-
-
-# --------------------------------------------------------------------------- 3. NoPE head
-
-
-def _shape(attn, model) -> tuple[int, int, int]:
-    """(query heads H, key heads Hk, head_dim D) of an attention module."""
-    cfg = model.config.get_text_config()
-    d = attn.head_dim
-    return cfg.num_attention_heads, cfg.num_key_value_heads, d
-
-
-def head_keys(
-    layer, x: torch.Tensor, *, n_kv: int, head: ScoringHead | None = None
-) -> torch.Tensor:
-    """K_j = k_norm(k_proj(input_layernorm(x_j))), no rotary. x [c, hidden] -> [c, Hk, D] fp32."""
-    attn = layer.self_attn
-    h = layer.input_layernorm(x)
-    k = F.linear(h, head.k_weight) if head is not None else attn.k_proj(h)  # [c, Hk*D]
-    k = k.view(x.shape[0], n_kv, -1)  # [c, Hk, D]
-    if hasattr(attn, "k_norm"):
-        k = attn.k_norm(k)
-    return k.float()
-
-
-def head_queries(
-    layer, x: torch.Tensor, *, n_head: int, gated: bool, head: ScoringHead | None = None
-) -> torch.Tensor:
-    """Q = q_norm(query half of q_proj(input_layernorm(x))), no rotary. x [n, hidden] -> [n, H, D]."""
-    attn = layer.self_attn
-    h = layer.input_layernorm(x)
-    if head is not None:  # the trained head holds query rows only
-        q = F.linear(h, head.q_weight).view(x.shape[0], n_head, -1)  # [n, H, D]
-    else:
-        q = attn.q_proj(h)
-        if gated:  # per head [q (D) ; gate (D)]
-            q = q.view(x.shape[0], n_head, -1)[..., : attn.head_dim]
-        else:
-            q = q.view(x.shape[0], n_head, -1)
-    if hasattr(attn, "q_norm"):
-        q = attn.q_norm(q)
-    return q.float()
-
-
-# --------------------------------------------------------------------------- 4. attention mass
-
-
-def visible_keys(
-    n_tokens: int, query: Span, window: QueryWindow, *, suffix_candidates: bool
-) -> torch.Tensor:
-    """Key mask for one window (§3.3 step 4), bool [S]: keys before the main query, keys after
-    it when suffix candidates are scored, minus a turn/history window's own tokens."""
-    visible = torch.zeros(n_tokens, dtype=torch.bool)
-    visible[: query.begin] = True
-    if suffix_candidates:
-        visible[query.end :] = True
-    if window.kind != "main":
-        visible[window.span.begin : window.span.end] = False
-    return visible
-
-
-def mean_head_mass(probs: torch.Tensor, head_weights: torch.Tensor | None = None) -> torch.Tensor:
-    """probs [H, n, K] -> mass [K]: mean over heads and rows (§3.3 step 6).
-
-    With `head_weights` [H] (a calibration's, summing to 1) the mean over heads becomes
-    the weighted mean sum_h w_h * mean_t P_h,t; the mass still sums to 1 over visible keys.
-    """
-    if head_weights is None:
-        return probs.sum(dim=(0, 1)) / (probs.shape[0] * probs.shape[1])
-    return torch.einsum("h,hk->k", head_weights, probs.sum(dim=1)) / probs.shape[1]
-
-
-def window_probs(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, scale: float):
-    """Softmax over the visible keys per (head, row) in fp32, one key block at a time.
-
-    q [n, H, D], keys [S, Hk, D], visible bool [S]. Head h reads key head h // (H/Hk).
-    Yields (idx [B] key positions, probs [H, n, B]). Two passes over key blocks: a running
-    log-sum-exp per (head, row), then the probabilities of each block, so memory is one
-    block of logits whatever S is.
-    """
-    n, n_head, _ = q.shape
-    n_kv = keys.shape[1]
-    group = n_head // n_kv
-    index = visible.nonzero().squeeze(1)  # [K] visible key positions
-    if index.numel() == 0:
-        raise CompressionFailed("drafter", "query window out of range: no visible keys")
-    qg = q.permute(1, 0, 2).reshape(n_kv, group * n, -1) * scale  # [Hk, group*n, D], head-major
-    block = max(256, KEY_BLOCK_ELEMENTS // (n_head * n))
-    blocks = [index[i : i + block] for i in range(0, index.numel(), block)]
-
-    def logits(idx: torch.Tensor) -> torch.Tensor:
-        kb = keys[idx].permute(1, 2, 0)  # [Hk, D, B]
-        return torch.bmm(qg, kb)  # [Hk, group*n, B]
-
-    # pass 1: log-sum-exp over visible keys per (head, row)
-    m = torch.full((n_kv, group * n, 1), -torch.inf)
-    s = torch.zeros((n_kv, group * n, 1))
-    for idx in blocks:
-        z = logits(idx)
-        if not torch.isfinite(z).all():
-            raise NonFiniteScores("non-finite attention logits in the head scorer")
-        m_new = torch.maximum(m, z.amax(dim=-1, keepdim=True))
-        s = s * torch.exp(m - m_new) + torch.exp(z - m_new).sum(dim=-1, keepdim=True)
-        m = m_new
-    lse = m + torch.log(s)
-    # pass 2: probabilities
-    for idx in blocks:
-        yield idx, torch.exp(logits(idx) - lse).view(n_head, n, -1)  # [H, n, B]
-
-
-def window_mass(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    visible: torch.Tensor,
-    scale: float,
-    head_weights: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Attention mass of one window over all keys, fp32 [S]; 0 on masked keys.
-
-    q [n, H, D], keys [S, Hk, D], visible bool [S]: the mean over heads and rows of
-    `window_probs` (or the `head_weights`-weighted mean over heads, see `mean_head_mass`).
-    """
-    mass = torch.zeros(keys.shape[0])
-    for idx, p in window_probs(q, keys, visible, scale):
-        mass[idx] = mean_head_mass(p, head_weights)
-    if not torch.isfinite(mass).all():
-        raise NonFiniteScores("non-finite probabilities in the head scorer")
-    return mass
-
-
-def window_head_masses(
-    q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Per-head attention mass of one window, fp32 [H, S]: the mean over rows only, so
-    `pflash calibrate` can rank chunks by each head on its own."""
-    mass = torch.zeros(q.shape[1], keys.shape[0])
-    for idx, p in window_probs(q, keys, visible, scale):
-        mass[:, idx] = p.mean(dim=1)
-    if not torch.isfinite(mass).all():
-        raise NonFiniteScores("non-finite probabilities in the head scorer")
-    return mass
-
-
-def mix_window_masses(masses: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
-    """mass = sum_w weight_w * mass_w / sum_w weight_w over the windows scored (§3.3 step 7)."""
-    total = sum(weights)
-    out = torch.zeros_like(masses[0], dtype=torch.float64)
-    for m, w in zip(masses, weights, strict=True):
-        out += w * m.double()
-    return (out / total).float()
-
-
-# --------------------------------------------------------------------------- 5. legacy scorer
-
-
-def smooth_in_range(score: torch.Tensor, kernel: int) -> torch.Tensor:
-    """Mean of score[j-r .. j+r] over in-range neighbours only (r = kernel // 2), §3.1 step 6."""
-    r = kernel // 2
-    if r <= 0:
-        return score.clone()
-    c = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(score.double(), 0)])
-    s = score.shape[0]
-    j = torch.arange(s)
-    lo, hi = (j - r).clamp(min=0), (j + r + 1).clamp(max=s)
-    return ((c[hi] - c[lo]) / (hi - lo)).float()
-
-
-def tail_running_max(
-    running: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, rows_begin: int, scale: float
-) -> None:
-    """Fold one layer into the legacy running max, in place.
-
-    running [n, S_lim] (init -inf); q [n, H, D] rows at positions rows_begin + t; keys
-    [S_lim, Hk, D]. Row t sees keys j <= rows_begin + t (causal), softmax per head in fp32.
-    """
-    n, n_head, _ = q.shape
-    s_lim, n_kv, _ = keys.shape
-    group = n_head // n_kv
-    causal = torch.arange(s_lim).unsqueeze(0) <= (rows_begin + torch.arange(n)).unsqueeze(
-        1
-    )  # [n, S_lim]
-    for kv in range(n_kv):
-        qh = q[:, kv * group : (kv + 1) * group].permute(1, 0, 2)  # [group, n, D]
-        z = torch.matmul(qh, keys[:, kv].T) * scale  # [group, n, S_lim]
-        z = z.masked_fill(~causal, -torch.inf)
-        p = torch.softmax(z, dim=-1)
-        if not torch.isfinite(p).all():
-            raise NonFiniteScores("non-finite probabilities in the legacy scorer")
-        torch.maximum(running, p.amax(dim=0), out=running)
 
 
 # --------------------------------------------------------------------------- 6. the scorer
@@ -548,8 +126,8 @@ class DrafterScorer:
         self.profile = resolve_profile(
             self.loaded, config, self.calibration.layer if self.calibration else None
         )
-        self.layer = _decoder(self.model).layers[self.profile.head_layer]
-        self.n_head, self.n_kv, self.head_dim = _shape(self.layer.self_attn, self.model)
+        self.layer = decoder_of(self.model).layers[self.profile.head_layer]
+        self.n_head, self.n_kv, self.head_dim = attention_shape(self.layer.self_attn, self.model)
         self.scale = float(getattr(self.layer.self_attn, "scaling", self.head_dim**-0.5))
         self.head = self._load_head(config.scoring_head_gguf)
         self.head_weights = (  # [H]: weighted mean over heads (§3.3 step 6), None = plain mean
@@ -868,7 +446,7 @@ class DrafterScorer:
 
     def _capture_legacy_queries(self, out: _Forward, rows: Span) -> list:
         """Forward hooks keeping the NoPE query rows `rows` of every legacy layer."""
-        decoder = _decoder(self.model)
+        decoder = decoder_of(self.model)
         handles = []
         for i in self.profile.legacy_layers:
             attn = decoder.layers[i].self_attn
@@ -899,7 +477,7 @@ class DrafterScorer:
         running = torch.full((len(rows), q_end), -torch.inf)  # [n, S_lim]
         for i in self.profile.legacy_layers:
             q, k = self._legacy_qk(i, cache, torch.cat(fwd.legacy_q[i]).float(), rows)
-            scale = float(_decoder(self.model).layers[i].self_attn.scaling)
+            scale = float(decoder_of(self.model).layers[i].self_attn.scaling)
             tail_running_max(running, q, k, rows.begin, scale)
         score = torch.zeros(s)
         score[:q_end] = running.mean(dim=0)
@@ -926,7 +504,7 @@ class DrafterScorer:
         (§3.1) NoPE: Q as captured, K the cached keys rotated back by -theta (rotation is
         orthogonal, so this recovers k_norm's output up to float rounding).
         """
-        decoder = _decoder(self.model)
+        decoder = decoder_of(self.model)
         attn = decoder.layers[layer].self_attn
         rotate = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         positions = torch.arange(0, rows.end).unsqueeze(0)  # [1, S_lim]
