@@ -274,7 +274,7 @@ class Compressor:
         """The multi-turn path (§6.1): look the conversation's view up, decide, run the
         drafter only when the decision needs a fresh compression, remember the new view."""
         tenant = request.tenant
-        keys = view_keys(prepared, self.target_tokenizer)
+        keys = view_keys(prepared, self.target_tokenizer, self.drafter_tokenizer)
         view = await self._store_call("lookup", tenant, keys, default=None)
 
         def decide(fresh):

@@ -48,7 +48,7 @@ def measure(tokenizer, messages: list[dict], repeats: int) -> dict:
             inp, config=config, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer
         )
         t2 = time.perf_counter()
-        view_keys(prepared, tokenizer)
+        view_keys(prepared, tokenizer, tokenizer)
         t3 = time.perf_counter()
         times["render"].append(t1 - t0)
         times["plan"].append(t2 - t1)

@@ -59,18 +59,25 @@ def boundary_hashes(
     return tuple(out)
 
 
-def target_turn_boundaries(plan: Plan, raw_ids: Sequence[int], target_tokenizer) -> tuple[int, ...]:
+def target_turn_boundaries(
+    plan: Plan, raw_ids: Sequence[int], target_tokenizer, drafter_tokenizer=None
+) -> tuple[int, ...]:
     """Turn starts of the prompt as **target** token indices (role_begin of every turn).
 
     Turns are parsed in drafter tokens; their character offsets are mapped through the
     target's own encoding of the same text. A boundary that falls inside a target token, or
     a prompt whose text does not re-encode to `raw_ids` (e.g. a BOS the template did not
     write), yields no key: a missed lookup costs a fresh compression, never a wrong view.
+    When the drafter's tokenizer is the target's (the same object), the plan's encoding is
+    that encoding already and is not made again.
     """
     layout = plan.layout
     if layout is None:
         return ()
-    target = encode_with_offsets(target_tokenizer, plan.drafter.text)
+    if drafter_tokenizer is not None and drafter_tokenizer is target_tokenizer:
+        target = plan.drafter
+    else:
+        target = encode_with_offsets(target_tokenizer, plan.drafter.text)
     if target.ids != tuple(int(i) for i in raw_ids):
         return ()
     out = []
@@ -81,7 +88,10 @@ def target_turn_boundaries(plan: Plan, raw_ids: Sequence[int], target_tokenizer)
     return tuple(sorted(set(out)))
 
 
-def view_keys(prepared: Prepared, target_tokenizer) -> tuple[PrefixHash, ...]:
+def view_keys(
+    prepared: Prepared, target_tokenizer, drafter_tokenizer=None
+) -> tuple[PrefixHash, ...]:
     """The store keys to look this prompt up with: `boundary_hashes` at its turn starts."""
     raw = prepared.input.prompt_ids
-    return boundary_hashes(raw, target_turn_boundaries(prepared.plan, raw, target_tokenizer))
+    turns = target_turn_boundaries(prepared.plan, raw, target_tokenizer, drafter_tokenizer)
+    return boundary_hashes(raw, turns)
