@@ -374,6 +374,10 @@ class GenerationConfig(Component):
     )
     upstream_api_key: str | None = Field(None, description="openai backend: the upstream API key.")
     upstream_model: str | None = Field(None, description="openai backend: the upstream model name.")
+    upstream_prompt_format: Literal["text", "token_ids"] = Field(
+        "text",
+        description="openai backend: the served prompt as text (every server) or as token ids (exact token boundaries, so the upstream's prefix cache sees exactly the served prefix; vLLM, SGLang, llama.cpp server accept them).",
+    )
     max_context: int | None = Field(
         None, gt=0, description="Target context length; unset = read from the target model."
     )

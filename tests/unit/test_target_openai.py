@@ -463,3 +463,20 @@ def test_empty_prompt_is_rejected_before_any_request(smollm2_tokenizer):
 
     with pytest.raises(InvalidRequest):
         collect(make_target("http://127.0.0.1:9/v1", smollm2_tokenizer), [])
+
+
+def test_config_chooses_token_id_prompts_for_the_upstream(upstream, smollm2_tokenizer, rendered):
+    """`upstream_prompt_format: token_ids` reaches the backend: the served ids go out as they
+    are (text stays the default, which every server accepts)."""
+    from pflash.config import build_config
+
+    app, base = upstream
+    _, ids = rendered
+    common = {"target_backend": "openai", "upstream_base_url": base, "upstream_model": "vllm"}
+    text = OpenAITarget.from_config(build_config(common, env={}), smollm2_tokenizer, 4096)
+    assert text.prompt_format == "text"
+    config = build_config({**common, "upstream_prompt_format": "token_ids"}, env={})
+    target = OpenAITarget.from_config(config, smollm2_tokenizer, 4096)
+    collect(target, ids, SamplingParams(max_tokens=2))
+    body, _ = app.state.requests[-1]
+    assert body["prompt"] == list(ids)

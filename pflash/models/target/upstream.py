@@ -153,6 +153,7 @@ class OpenAITarget(TargetBackend):
             tokenizer,
             max_context,
             api_key=config.upstream_api_key,
+            prompt_format=config.upstream_prompt_format,
         )
 
     async def aclose(self) -> None:
