@@ -110,6 +110,33 @@ def fits_context(
     return target_estimate(prompt_tokens, drafter_tokens, n_tokens) + max_output <= max_ctx
 
 
+def context_fit_failure(
+    need: int, max_output: int, max_ctx: int | None, has_system: bool
+) -> CompressionFailed:
+    """What cannot be dropped does not fit the context: a client error (400) with the numbers
+    (target tokens), naming the part that is too long. max_tokens alone filling the context
+    names `max_tokens`."""
+    if max_ctx is not None and max_output >= max_ctx:
+        message = (
+            f"max_tokens ({max_output}) leaves no room for the prompt in the context "
+            f"({max_ctx}); lower max_tokens"
+        )
+    elif has_system:
+        message = (
+            f"the system prompt alone does not fit: its pinned content needs ~{need} target "
+            f"tokens + max_tokens {max_output} > context {max_ctx}; PFlash does not "
+            "compress system prompts - shorten the system prompt or max_tokens"
+        )
+    else:
+        message = (
+            f"what PFlash must keep (the question, the generation prompt, pflash_required) "
+            f"needs ~{need} target tokens + max_tokens {max_output} > context {max_ctx}; "
+            "shorten them or lower max_tokens"
+        )
+    param = "max_tokens" if max_ctx is not None and max_output >= max_ctx else "messages"
+    return CompressionFailed("context_fit", message, client_error=True, param=param)
+
+
 def plan_budget(
     *,
     n_tokens: int,
@@ -153,12 +180,8 @@ def plan_budget(
             pinned = canonicalize([*required, *system])
             k = kept(pinned)
         if not fits_context(prompt_tokens, k, n_tokens, max_ctx, max_output):
-            need = target_estimate(prompt_tokens, k, n_tokens)
-            raise CompressionFailed(
-                "context_fit",
-                f"the system prompt alone does not fit: its pinned content needs ~{need} target "
-                f"tokens + max_tokens {max_output} > context {max_ctx}; PFlash does not "
-                "compress system prompts - shorten the system prompt or max_tokens",
+            raise context_fit_failure(
+                target_estimate(prompt_tokens, k, n_tokens), max_output, max_ctx, bool(system)
             )
 
     droppable = prompt_tokens - target_estimate(prompt_tokens, k, n_tokens)

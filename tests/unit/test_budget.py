@@ -145,6 +145,27 @@ def test_system_prompt_alone_too_large_fails_closed():
     assert "does not compress system prompts" in err.value.message
 
 
+def test_mandatory_part_over_the_context_is_a_400_naming_what_and_the_numbers():
+    from pflash.api import error_response
+
+    with pytest.raises(CompressionFailed) as err:  # no system prompt: the question is too long
+        _fit_plan(system=(), instruction_role=(), required=(Span(6000, 10000),))
+    status, body = error_response(err.value)
+    assert status == 400 and body["error"]["param"] == "messages"
+    assert "system prompt" not in err.value.message
+    assert "~4000 target tokens + max_tokens 1000 > context 4096" in err.value.message
+
+
+def test_max_tokens_filling_the_context_is_a_400_naming_max_tokens():
+    from pflash.api import error_response
+
+    with pytest.raises(CompressionFailed) as err:
+        _fit_plan(system=(), instruction_role=(), max_output=5000)
+    status, body = error_response(err.value)
+    assert status == 400 and body["error"]["param"] == "max_tokens"
+    assert "max_tokens (5000)" in err.value.message and "(4096)" in err.value.message
+
+
 # --------------------------------------------------------------------------- auto gate
 
 
