@@ -20,6 +20,7 @@ EMBEDDED_SMOLLM2 = "embedded:smollm2-135m"
 # the head and probe trained for it keeps the evidence layer 17 keeps, at half the cost) and
 # the layers a trained head and probe ship for (pflash/data; None = the profile default, 17).
 EMBEDDED_HEAD_LAYER = 8
+MIN_API_KEY_CHARS = 8
 EMBEDDED_SHIPPED_LAYERS = (None, 8, 17)
 # The drafter's own layer at its profile default, no trained head or probe: what training and
 # the layer/calibration measurements score with, whatever the product defaults are.
@@ -415,5 +416,17 @@ class SecurityConfig(Component):
 
     api_keys: tuple[str, ...] = Field(
         (),
-        description="Accepted API keys; empty = no auth. A key's tenant scopes views and sessions.",
+        description=f"Accepted API keys (each at least {MIN_API_KEY_CHARS} characters); none = no auth. A key's tenant scopes views and sessions.",
     )
+
+    @field_validator("api_keys")
+    @classmethod
+    def _real_keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        # an empty key in a list (`api_keys: [""]`) would otherwise turn authentication off
+        for key in v:
+            if len(key.strip()) < MIN_API_KEY_CHARS:
+                raise ValueError(
+                    f"every API key needs at least {MIN_API_KEY_CHARS} non-blank characters "
+                    "(an empty list turns authentication off)"
+                )
+        return v

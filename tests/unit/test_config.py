@@ -352,7 +352,7 @@ SAMPLES = [
     ("max_body_bytes", 2048, "2048", 2048),
     ("trace_path", "/tmp/t.jsonl", "/tmp/t.jsonl", "/tmp/t.jsonl"),
     ("view_trace_path", "/tmp/v.jsonl", "/tmp/v.jsonl", "/tmp/v.jsonl"),
-    ("api_keys", ["k1", "k2"], "k1, k2", ("k1", "k2")),
+    ("api_keys", ["key-one-1", "key-two-2"], "key-one-1, key-two-2", ("key-one-1", "key-two-2")),
 ]
 NEEDS = {"target_backend": {"upstream_base_url": "http://u:8001/v1"}}  # the cross-field check
 
@@ -462,7 +462,7 @@ def test_flat_dump_round_trips():
             "gate": {"curve": "1000:0.5"},
             "select_mode": "top_k",
             "select_topk": 3,
-            "api_keys": ["k"],
+            "api_keys": ["key-one-1"],
         },
         env={},
     )
@@ -475,7 +475,7 @@ def test_flat_dump_round_trips():
         "curve": [[1000, 0.5]],
         "select_mode": "top_k",
         "select_topk": 3,
-        "api_keys": ["k"],
+        "api_keys": ["key-one-1"],
         # `auto` scoring settings are resolved for the embedded drafter, so they differ
         "drafter_head_layer": 8,
         "scoring_head_gguf": "embedded",
@@ -602,7 +602,7 @@ def test_build_app_gives_each_deployment_only_its_part(monkeypatch):
         monkeypatch.setattr(app_module, name, Recorder(name))
     monkeypatch.setattr(app_module, "Ingress", Recorder("Ingress"))
     (app,) = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"]
-    args = {**app["args"], "view_capacity": 8, "api_keys": ["k"], "max_context": 4096}
+    args = {**app["args"], "view_capacity": 8, "api_keys": ["key-one-1"], "max_context": 4096}
     for name in [name for name in os.environ if name.startswith("PFLASH_")]:
         monkeypatch.delenv(name)
     app_module.build_app(args)
@@ -623,3 +623,11 @@ def test_build_app_gives_each_deployment_only_its_part(monkeypatch):
         "TargetModelDeployment",
         "SegmentProbeDeployment",
     )
+
+
+@pytest.mark.parametrize("keys", [[""], ["   "], ["short"], ["a-good-key-1", ""]])
+def test_empty_or_short_api_keys_are_refused_at_load(keys):
+    """`api_keys: [""]` once turned authentication off silently."""
+    with pytest.raises(ConfigError) as err:
+        build_config({"api_keys": keys}, env={})
+    assert err.value.key == "api_keys" and "at least 8" in str(err.value)
