@@ -6,8 +6,8 @@ What a request costs before the drafter: render once (`render_chat_prompt`), pla
 (`compress.pipeline.prepare`: drafter encoding, chat parsing, query windows, pinned spans,
 budget) and the view keys (`views.keys.view_keys`), with the embedded SmolLM2 tokenizer as
 both vocabularies. Prompts: N short user/assistant messages with a question at the end, and
-the same chat with S system messages spread through it (each system message is located by
-one re-render, so S multiplies a render). Prints one JSON line per shape and a ratio line:
+the same chat with S system messages spread through it (they are located together by one
+wrapped rendering, so S should not change the plan time). Prints one JSON line per shape and a ratio line:
 time(2N)/time(N) near 2 is linear.
 """
 

@@ -20,6 +20,7 @@ from pflash.compress.chat import (
     ChatLayout,
     parse_chat,
 )
+from pflash.compress.instructions import instruction_spans, wrapped_indices
 from pflash.compress.rerender import Rerender
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, InvalidRequest
@@ -272,7 +273,7 @@ def plan_prompt(
         question = question_tail(drafter, content_chars, config.chat_question_pin_tokens)
         if question is not None:
             required.append(question)
-    system, instruction_role = _instruction_spans(drafter, chat, rerender)
+    system, instruction_role = instruction_spans(drafter, chat, rerender, layout)
     if layout is not None:
         instruction_role = _add_skeleton(
             instruction_role,
@@ -444,30 +445,6 @@ def _required_spans(
     return required, agent_loop
 
 
-def _instruction_spans(
-    drafter: TokenizedText, chat: ChatInput | None, rerender: Rerender | None
-) -> tuple[list[Span], list[Span]]:
-    """(system, instruction_role) spans located by re-rendering (§5.5): each non-empty
-    system message → system; each developer message and the tool definitions →
-    instruction_role."""
-    system: list[Span] = []
-    instruction_role: list[Span] = []
-    if chat is None:
-        return system, instruction_role
-    for k, message in enumerate(chat.messages):
-        if message["role"] not in ("system", "developer") or not message["content"].strip():
-            continue
-        chars = rerender.message_chars(k)
-        if chars is not None:
-            group = system if message["role"] == "system" else instruction_role
-            group.append(drafter.token_span(*chars))
-    if chat.tools:
-        chars = rerender.tools_chars()
-        if chars is not None:
-            instruction_role.append(drafter.token_span(*chars))
-    return system, instruction_role
-
-
 def _required_texts(pflash_required: Any, config: PFlashConfig) -> tuple[str, ...]:
     if pflash_required is None:
         return ()
@@ -497,7 +474,9 @@ def _locate_user_content(
     if chat is not None and (
         parser == "latest_user" or layout is None or layout.query_turn is None
     ):
-        located = rerender.content_chars(chat.latest_user_index())
+        index = chat.latest_user_index()
+        wrapped = rerender.contents(wrapped_indices(chat))
+        located = wrapped[index] if wrapped is not None else rerender.content_chars(index)
         if located is None:
             raise CompressionFailed(
                 "query_mapping", "cannot locate the latest user message in the prompt"

@@ -1,15 +1,24 @@
 """Locating a message's characters in the rendered prompt by rendering the chat again.
 
-Chat templates differ in how they frame a message, so the planner finds a system message,
-the tool definitions or the latest user content by difference: render the chat without the
-message (or with a sentinel inside its content) and compare with the prompt
-(`changed_char_span`, `locate_content_by_sentinel`, the reference's marker-less fallback).
-`Rerender` holds the request's chat and the prompt text those renders are compared with.
-All positions are characters of the prompt text.
+Chat templates differ in how they frame a message, so the planner finds the system and
+developer messages and the latest user content with **one** extra rendering of the whole
+chat that wraps each of those contents in its own pair of sentinel strings
+(`locate_contents`): stripping the sentinels must give back the prompt exactly, and then
+every position is exact. The cost is one rendering per request, whatever the number of
+messages, so planning stays linear in the chat's length.
+
+When that one rendering does not validate (a template that edits the content it is given),
+the planner falls back to the reference's per-message way: render the chat without the
+message and diff (`changed_char_span`), or with a sentinel inside one content
+(`locate_content_by_sentinel`). The tool definitions are always found by diff (one
+rendering without tools): the template re-serialises them, so there is no literal content
+to wrap. `Rerender` holds the request's chat and the prompt text those renders are compared
+with. All positions are characters of the prompt text.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from pflash.compress.chat import ChatInput, target_text, trim_span
@@ -17,6 +26,9 @@ from pflash.errors import CompressionFailed, InvalidRequest
 
 SENTINEL_BEGIN = "__LUCE_PFLASH_CONTENT_BEGIN_02C47F91__"
 SENTINEL_END = "__LUCE_PFLASH_CONTENT_END_6E6B61A8__"
+# Per-message sentinels of the one wrapped rendering: the message index and which side.
+_WRAP = "__LUCE_PFLASH_{side}{index}_5A3D09C2__"
+_WRAPPED = re.compile(r"__LUCE_PFLASH_([BE])(\d+)_5A3D09C2__")
 
 
 # --------------------------------------------------------------------------- re-render pins
@@ -83,6 +95,117 @@ class Rerender:
         return locate_content_by_sentinel(
             self.chat, index, self.target, self.prompt_text, round_trip=self.round_trip
         )
+
+    def contents(self, indices: Sequence[int]) -> dict[int, tuple[int, int] | None] | None:
+        """Trimmed content characters of each message in `indices`, from one wrapped
+        rendering (`locate_contents`); None when it does not validate (use the per-message
+        methods). Cached per set of indices: the planner asks once."""
+        key = tuple(sorted(set(indices)))
+        cache = self.__dict__.setdefault("_contents", {})
+        if key not in cache:
+            cache[key] = (
+                None
+                if self.round_trip
+                else locate_contents(self.chat, key, self.target, self.prompt_text)
+            )
+        return cache[key]
+
+
+def locate_contents(
+    chat: ChatInput, indices: Sequence[int], target_tokenizer, prompt_text: str
+) -> dict[int, tuple[int, int] | None] | None:
+    """Content characters of the messages `indices` in `prompt_text`, from one rendering.
+
+    The chat is rendered once with each of those contents wrapped in its own begin and end
+    sentinel. When removing every sentinel gives back `prompt_text` exactly, each position
+    is exact: a message maps to its whitespace-trimmed content, or to None when the template
+    did not render it (neither sentinel appears) or its content is blank. The whole result
+    is None when the rendering does not validate (a sentinel missing on one side or
+    repeated, or the stripped text is not the prompt): the template edits what it is given,
+    and the caller falls back to the per-message renderings.
+    """
+    messages = [dict(m) for m in chat.messages]
+    for k in indices:
+        begin, end = _WRAP.format(side="B", index=k), _WRAP.format(side="E", index=k)
+        messages[k]["content"] = begin + messages[k]["content"] + end
+    wrapped = chat.render(target_tokenizer, messages=messages)
+    found: dict[tuple[str, int], int] = {}
+    pieces: list[str] = []
+    last = removed = 0
+    for m in _WRAPPED.finditer(wrapped):
+        key = (m.group(1), int(m.group(2)))
+        if key in found or key[1] not in indices:
+            return None
+        pieces.append(wrapped[last : m.start()])
+        found[key] = m.start() - removed
+        removed += m.end() - m.start()
+        last = m.end()
+    pieces.append(wrapped[last:])
+    if "".join(pieces) != prompt_text:
+        return None
+    out: dict[int, tuple[int, int] | None] = {}
+    for k in indices:
+        begin, end = found.get(("B", k)), found.get(("E", k))
+        if begin is None and end is None:
+            out[k] = None
+            continue
+        if begin is None or end is None or end < begin:
+            return None
+        b, e = trim_span(prompt_text, begin, end)
+        out[k] = (b, e) if e > b else None
+    return out
+
+
+def deletion_span(text: str, begin: int, end: int) -> tuple[int, int] | None:
+    """What `changed_char_span(text, text[:begin] + text[end:])` gives, without the copy.
+
+    This is the per-message diff when removing a message deletes exactly its block
+    [begin, end) of the prompt (a template that frames each message alike whatever its
+    neighbours). The alignment only scans the runs the two texts share around the block,
+    so locating many messages stays linear in the prompt.
+    """
+    if end <= begin:
+        return None
+    n = len(text)
+    limit = n - (end - begin)
+    p = begin + _run_forward(text, begin, end)
+    s = (n - end) + _run_backward(text, end, begin)
+    b = min(p, limit - s)
+    e = n - min(s, limit - p)
+    return (b, e) if e > b else None
+
+
+def _run_forward(text: str, i: int, j: int) -> int:
+    """Length of the common run of text[i:] and text[j:] (i < j)."""
+    run, step = 0, 64
+    while j + run < len(text):
+        a, b = text[i + run : i + run + step], text[j + run : j + run + step]
+        if a == b:
+            run += len(b)
+            step *= 2
+            continue
+        k = 0
+        while k < len(b) and a[k] == b[k]:
+            k += 1
+        return run + k
+    return run
+
+
+def _run_backward(text: str, i: int, j: int) -> int:
+    """Length of the common run ending at text[:i] and text[:j] (j < i)."""
+    run, step = 0, 64
+    while j - run > 0:
+        size = min(step, j - run)
+        a, b = text[i - run - size : i - run], text[j - run - size : j - run]
+        if a == b:
+            run += size
+            step *= 2
+            continue
+        k = 0
+        while k < size and a[size - 1 - k] == b[size - 1 - k]:
+            k += 1
+        return run + k
+    return run
 
 
 def with_content(

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pflash.compress.chat import render_chat
+from pflash.compress.chat import ChatInput, render_chat
 from pflash.compress.query import find_query_window, map_last_occurrence, plan_prompt
+from pflash.compress.rerender import locate_contents
 from pflash.config import build_config
 from pflash.errors import CompressionFailed, InvalidRequest
 from pflash.spans import MAX_INSTRUCTION_SPANS, Span, encode_with_offsets
@@ -101,6 +102,18 @@ def plan_chat(name, messages, *, thinking=None, tools=None, config=CONFIG, draft
         chat_template_kwargs=kw,
         chat_template=template(name),
         **kwargs,
+    )
+
+
+def plan_with_template(messages, chat_template: str):
+    """A plan of `messages` rendered with a template given as text (no thinking switch)."""
+    return plan_prompt(
+        prompt_text=render_chat(TOK["t"], messages, chat_template=chat_template),
+        drafter_tokenizer=TOK["t"],
+        target_tokenizer=TOK["t"],
+        config=CONFIG,
+        messages=messages,
+        chat_template=chat_template,
     )
 
 
@@ -341,6 +354,103 @@ def test_developer_messages_are_instruction_role_and_replaced_system_text_is_who
     assert covers(plan, plan.instruction_role, developer, end)
 
 
+def test_a_system_prompt_equal_to_the_template_default_is_still_pinned():
+    # Removing it renders the same text (SmolLM2 inserts this default), so the removal diff
+    # finds nothing; the wrapped rendering still locates its content.
+    default = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    messages = [{"role": "system", "content": default}, {"role": "user", "content": report()}]
+    plan = plan_chat("smollm2", messages)
+    pos = plan.drafter.text.find(default)
+    assert covers(plan, plan.system, pos, pos + len(default))
+
+
+@pytest.mark.parametrize("name", ["smollm2", "qwen3", "laguna"])
+def test_pinned_spans_render_the_chat_a_fixed_number_of_times_whatever_the_messages(
+    name, monkeypatch
+):
+    calls = []
+    real = ChatInput.render
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChatInput, "render", counted)
+    for turns in (2, 12):
+        messages = [{"role": "system", "content": SYSTEM}]
+        for k in range(turns):
+            messages += [
+                {"role": "user", "content": f"Part {k}: {report(4, k)}"},
+                {"role": "assistant", "content": f"Noted part {k}."},
+                {"role": "system", "content": f"Rule {k}: answer in words."},
+            ]
+        messages.append({"role": "user", "content": QUESTION})
+        calls.clear()
+        plan = plan_chat(name, messages)
+        text = plan.drafter.text
+        pos = text.find(SYSTEM)
+        assert covers(plan, plan.system, pos, pos + len(SYSTEM))
+        for k in range(turns):
+            rule = f"Rule {k}: answer in words."
+            pos = text.find(rule)
+            assert pos >= 0 and covers(plan, plan.system, pos, pos + len(rule))
+        assert len(calls) <= 3, (turns, len(calls))
+
+
+TERSE = {"role": "system", "content": "You are terse."}
+GREETING = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+INSTRUCTION_CHATS = {
+    "system_first": [TERSE],
+    "system_and_developer": [TERSE, {"role": "developer", "content": "Always cite."}],
+    "two_systems": [TERSE, *GREETING, {"role": "system", "content": "Now be verbose."}],
+    "late_developer": [*GREETING, {"role": "developer", "content": "Cite sources."}],
+    "late_system": [*GREETING, {"role": "system", "content": "Cite sources."}],
+}
+
+
+@pytest.mark.parametrize("shape", sorted(INSTRUCTION_CHATS))
+@pytest.mark.parametrize(("name", "thinking"), RENDERS)
+def test_the_wrapped_rendering_pins_what_per_message_renderings_pin(
+    name, thinking, shape, monkeypatch
+):
+    messages = [*INSTRUCTION_CHATS[shape], {"role": "user", "content": f"{report()}\n{QUESTION}"}]
+    if name == "gemma3":  # Gemma 3 takes one leading system prompt and alternating turns
+        messages = [m for m in messages[:1] if m["role"] == "system"] + messages[-1:]
+    tools = TOOLS if shape == "system_first" else None
+    wrapped = plan_chat(name, messages, thinking=thinking, tools=tools)
+    monkeypatch.setattr("pflash.compress.rerender.Rerender.contents", lambda self, idx: None)
+    per_message = plan_chat(name, messages, thinking=thinking, tools=tools)
+    assert wrapped.content == per_message.content
+    assert wrapped.instruction_role == per_message.instruction_role
+    if name == "deepseek" and shape == "late_system":
+        # DeepSeek moves every system prompt to the start of the prompt: the per-message
+        # diff cuts into the next marker, the wrapped rendering pins the parsed turn.
+        assert chars_of(per_message, per_message.system) <= chars_of(wrapped, wrapped.system)
+    else:
+        assert wrapped.system == per_message.system
+
+
+def test_a_template_that_edits_content_falls_back_to_per_message_renders():
+    # The template trims each content, so the wrapped rendering does not validate (the
+    # sentinels hide the whitespace from the trim); each message is found by removal.
+    trimming = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% endif %}"
+    )
+    messages = [
+        {"role": "user", "content": "Read this first."},
+        {"role": "system", "content": "  You are terse.  "},
+        {"role": "user", "content": f"{report()}\n\n{QUESTION}\n"},
+    ]
+    text = render_chat(TOK["t"], messages, chat_template=trimming)
+    chat = ChatInput.build(messages, chat_template=trimming)
+    assert locate_contents(chat, [1, 2], TOK["t"], text) is None
+    plan = plan_with_template(messages, trimming)
+    pos = text.find("You are terse.")
+    assert covers(plan, plan.system, pos, pos + len("You are terse."))
+
+
 def test_skeleton_keeps_short_turns_whole_and_long_turns_by_header():
     long_answer = report(40, 3)
     messages = [
@@ -429,14 +539,7 @@ LLAMA3 = (
 def test_marker_less_chat_tails_the_sentinel_located_user_content():
     messages = conversation(PLACEMENTS["last"])
     text = render_chat(TOK["t"], messages, chat_template=LLAMA3)
-    plan = plan_prompt(
-        prompt_text=text,
-        drafter_tokenizer=TOK["t"],
-        target_tokenizer=TOK["t"],
-        config=CONFIG,
-        messages=messages,
-        chat_template=LLAMA3,
-    )
+    plan = plan_with_template(messages, LLAMA3)
     assert plan.layout is None and plan.query_rule == "content_tail"
     b, e = plan.drafter.char_span(plan.content)
     located = text[b:e]  # token edges may round out by a character ("?<" is one token)
