@@ -55,7 +55,8 @@ def parse_overrides(items: list[str] | None) -> dict:
 
 
 def add_arguments(sub) -> None:
-    """The `bench` subcommand tree (wired by pflash.cli)."""
+    """The `bench` subcommand tree: `pflash bench` (registered in pyproject.toml under the
+    `pflash.commands` entry points) and `python -m pflash.bench`."""
     bench = sub.add_parser("bench", help="quality and speed harness: run, report, smoke")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
 
@@ -237,3 +238,7 @@ def write_report(out: Path) -> None:
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     plots = write_plots(results, out)
     (out / SUMMARY).write_text(summary_markdown(results, meta=meta, plots=plots))
+
+
+# The `pflash.commands` entry point's protocol: `add_arguments(subparsers)` and `run(args)`.
+run = run_bench

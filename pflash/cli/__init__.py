@@ -1,12 +1,20 @@
-"""`pflash` command line: plan, compress, bench, trace view, probe train.
+"""`pflash` command line: plan, compress, trace view, probe/head train, calibrate, and the
+commands other packages register (the benchmark harness registers `pflash bench`).
 
-Each subcommand lives in the module of what it does; this file only parses arguments.
+Each subcommand lives in the module of what it does; this file only parses arguments. The
+product does not import the benchmark harness: a package adds commands through the
+`pflash.commands` entry-point group, each entry a module with `add_arguments(subparsers)`
+(adding one subcommand named as the entry) and `run(args) -> int`.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import entry_points
+from types import ModuleType
+
+COMMANDS_GROUP = "pflash.commands"
 
 
 def _add_plan(sub: argparse._SubParsersAction) -> None:
@@ -78,10 +86,9 @@ def _add_head(sub: argparse._SubParsersAction) -> None:
     add_arguments(train)
 
 
-def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from pflash.bench.suite import add_arguments
-
-    add_arguments(sub)
+def _registered_commands() -> dict[str, ModuleType]:
+    """Commands installed packages register (entry points of group `pflash.commands`)."""
+    return {ep.name: ep.load() for ep in entry_points(group=COMMANDS_GROUP)}
 
 
 def _add_trace(sub: argparse._SubParsersAction) -> None:
@@ -118,9 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     _add_compress(sub)
     _add_probe(sub)
     _add_head(sub)
-    _add_bench(sub)
     _add_trace(sub)
     _add_calibrate(sub)
+    registered = _registered_commands()
+    for command in registered.values():
+        command.add_arguments(sub)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "plan":
@@ -139,10 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         from pflash.train.head import run_train as run_head_train
 
         return run_head_train(args)
-    if args.command == "bench":
-        from pflash.bench.suite import run_bench
-
-        return run_bench(args)
+    if args.command in registered:
+        return registered[args.command].run(args)
     if args.command == "trace":
         from pflash.cli.trace_view import run_trace_view
 
