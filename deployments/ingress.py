@@ -12,17 +12,18 @@ place (`pflash.api.error_response`).
 """
 
 import asyncio
-import hashlib
-import hmac
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.metrics import ServeMetrics
 from deployments.session_store import STORE_NAME
@@ -32,32 +33,93 @@ from pflash.compress.scoring import ScoreRequest
 from pflash.compressor import (
     Compressor,
     Served,
+    check_prompt_limit,
     compression_request,
     render_request,
+    tenant_of,
     unwrap_remote_error,
 )
 from pflash.config import PFlashConfig, build_config
 from pflash.errors import CompressionFailed, PFlashError
 from pflash.models.source import load_tokenizer
 from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta
+from pflash.tenants import tenant_for
 from pflash.trace import TraceWriter
 
 log = logging.getLogger("ray.serve")
 
 KEEPALIVE_AFTER_S = 1.0  # a stream starts with keep-alives when compression takes longer
 KEEPALIVE_EVERY_S = 2.0
-STRIPPED_HEADERS = ("x-request-timeout-seconds", "x-request-disconnect-disabled")
-
-app = FastAPI(title="PFlash", docs_url=None, redoc_url=None)
+READY_TIMEOUT_S = 5.0  # /readyz: how long each deployment has to answer
 
 
-def error_json(exc: BaseException) -> JSONResponse:
+async def _awaited(call: Any) -> Any:
+    return await call
+
+
+# redirect_slashes off: a trailing slash is a 404 in the envelope, not a 307 to follow
+app = FastAPI(
+    title="PFlash", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False
+)
+
+
+def error_envelope(
+    exc: BaseException, request_id: str | None = None
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, body, headers) of the error envelope for `exc`. A 5xx tells the client only
+    what failed (the stage, the runtime condition) and the request id; the exception's own
+    text, which can name actors, hosts and internals, goes to the log line with that id."""
     err = unwrap_remote_error(exc)
     status, body = api.error_response(err)
-    if status >= 500 and not isinstance(err, PFlashError):
-        log.error("unexpected error serving a request", exc_info=err)
-    headers = {"Retry-After": "1"} if status == 503 else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    headers = {"x-request-id": request_id} if request_id else {}
+    if status >= 500:
+        message = body["error"]["message"]
+        public = (
+            f"pflash {err.stage} failed"
+            if isinstance(err, CompressionFailed)
+            else message.split(":", 1)[0]
+        )
+        body["error"]["message"] = f"{public} (request id {request_id})" if request_id else public
+        log.error(
+            "request %s failed (%d): %s",
+            request_id,
+            status,
+            message,
+            exc_info=err if not isinstance(err, PFlashError) else None,
+        )
+    if status in (502, 503, 504):
+        headers["Retry-After"] = str(getattr(err, "retry_after_s", None) or 1)
+    return status, body, headers
+
+
+def error_json(exc: BaseException, request_id: str | None = None) -> JSONResponse:
+    status, body, headers = error_envelope(exc, request_id)
+    return JSONResponse(body, status_code=status, headers=headers or None)
+
+
+def _framework_error(status: int, message: str, code: str) -> JSONResponse:
+    """FastAPI's own 404/405 (and a body it could not read) in the OpenAI envelope."""
+    error_type = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 404:
+        return _framework_error(404, f"no route {request.url.path}", "not_found")
+    if exc.status_code == 405:
+        return _framework_error(
+            405,
+            f"method {request.method} is not allowed on {request.url.path}",
+            "method_not_allowed",
+        )
+    return _framework_error(exc.status_code, str(exc.detail), "http_error")
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return _framework_error(400, "the request could not be read", "invalid_request")
 
 
 def _too_large(limit: int) -> PFlashError:
@@ -138,9 +200,9 @@ class Ingress:
             self.config.drafter_tokenizer or self.config.drafter
         )
         self.target = target
+        self._drafter, self._probe = drafter, probe
         self.metrics = ServeMetrics()
         self.trace = TraceWriter(self.config.trace_path)
-        self.model_name = self.config.upstream_model or self.config.target
         self.compressor = Compressor(
             target_tokenizer=self.target_tokenizer,
             drafter_tokenizer=self.drafter_tokenizer,
@@ -174,14 +236,50 @@ class Ingress:
     async def healthz(self) -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.get("/readyz")
+    async def readyz(self) -> JSONResponse:
+        """Ready = every deployment of the graph answers within `READY_TIMEOUT_S` with its
+        model loaded (`/healthz` only says this process lives). A 503 lists which did not;
+        load balancers and KubeRay's readiness probe route on it."""
+        calls = {
+            "target": self.target.info.remote(),
+            "drafter": self._drafter.ready.remote(),
+            "session_store": self.compressor.store._call("stats"),
+        }
+        if self._probe is not None:
+            calls["probe"] = self._probe.params.remote()
+        checks = {}
+        for name, call in calls.items():
+            try:
+                await asyncio.wait_for(_awaited(call), READY_TIMEOUT_S)
+                checks[name] = "ok"
+            except Exception as exc:
+                log.warning("readyz: %s did not answer: %s", name, type(exc).__name__)
+                checks[name] = "unavailable"
+        if all(v == "ok" for v in checks.values()):
+            return JSONResponse({"status": "ready", "checks": checks})
+        body = {
+            "error": {
+                "message": "not ready: " + ", ".join(k for k, v in checks.items() if v != "ok"),
+                "type": "service_unavailable",
+                "param": None,
+                "code": "not_ready",
+            },
+            "checks": checks,
+        }
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+
     @app.get("/v1/models")
     async def models(self, request: Request) -> JSONResponse:
         try:
             self._authorize(request)
         except PFlashError as exc:
             return error_json(exc)
-        card = api.ModelCard(id=self.model_name, max_model_len=await self.compressor.max_context())
-        return JSONResponse(api.ModelList(data=[card]).model_dump(exclude_none=True))
+        max_len = await self.compressor.max_context()
+        cards = [
+            api.ModelCard(id=name, max_model_len=max_len) for name in self.config.served_model_names
+        ]
+        return JSONResponse(api.ModelList(data=cards).model_dump(exclude_none=True))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -193,18 +291,9 @@ class Ingress:
 
     # ------------------------------------------------------------------ request flow
     def _authorize(self, request: Request) -> str:
-        """The tenant of the request's API key ("anonymous" when keys are off)."""
-        keys = self.config.api_keys
-        if not keys:
-            return "anonymous"
-        header = request.headers.get("authorization", "")
-        token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-        for key in keys:
-            if hmac.compare_digest(token.encode(), key.encode()):
-                return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
-        exc = PFlashError("invalid or missing API key", code="invalid_api_key")
-        exc.http_status, exc.error_type = 401, "authentication_error"
-        raise exc
+        """The request's tenant (`pflash.tenants.tenant_for`); a 401 when keys do not match."""
+        client = request.client.host if request.client else None
+        return tenant_for(self.config.api_keys, request.headers.get("authorization"), client)
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.config.max_body_bytes
@@ -219,8 +308,10 @@ class Ingress:
         return body
 
     async def _serve(self, request: Request, kind: str):
-        """auth → parse → render → compress → stream (or one response)."""
+        """auth → parse → render → compress → stream (or one response), within the
+        server's deadline (`request_timeout_s`, whatever the client's headers say)."""
         started = time.perf_counter()
+        rid = "req-" + uuid.uuid4().hex[:16]
         try:
             tenant = self._authorize(request)
             body = await self._read_body(request)
@@ -236,35 +327,51 @@ class Ingress:
             )
             params = req.sampling_params()
             prompt = await asyncio.to_thread(render_request, req, kind, self.target_tokenizer)
+            check_prompt_limit(prompt, config)
         except Exception as exc:  # validation and rendering errors: 4xx before any model runs
             self.metrics.record("pflash_errors", stage="request")
-            return error_json(exc)
+            return error_json(exc, rid)
+        deadline = asyncio.get_running_loop().time() + config.request_timeout_s
         job = compression_request(req, prompt, config, tenant)
         key = job.conversation
+        meta = api.ResponseMeta.new(req.model or config.served_model_names[0], kind)
+        headers = {"x-pflash-replica": self.replica, "x-request-id": rid}
         compression = asyncio.ensure_future(self.compressor.run(job))
+
+        def stream(*, keepalive: bool) -> StreamingResponse:
+            events = self._stream(
+                req,
+                kind,
+                meta,
+                compression,
+                params,
+                key,
+                started,
+                deadline,
+                rid,
+                keepalive=keepalive,
+            )
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
         if req.stream:
             done, _ = await asyncio.wait({compression}, timeout=KEEPALIVE_AFTER_S)
             if not done:  # long prompt: start the stream now, keep the connection alive
-                return StreamingResponse(
-                    self._stream(req, kind, compression, params, key, started, keepalive=True),
-                    media_type="text/event-stream",
-                    headers={"x-pflash-replica": self.replica},
-                )
+                return stream(keepalive=True)
         try:
-            served = await compression
+            async with asyncio.timeout_at(deadline):
+                served = await compression
         except Exception as exc:
-            return error_json(exc)
+            compression.cancel()
+            return error_json(exc, rid)
         if req.stream:
-            return StreamingResponse(
-                self._stream(req, kind, compression, params, key, started, keepalive=False),
-                media_type="text/event-stream",
-                headers={"x-pflash-replica": self.replica},
-            )
+            return stream(keepalive=False)
         try:
-            return await self._respond(req, kind, served, params, key, started)
+            async with asyncio.timeout_at(deadline):
+                body = await self._respond(req, kind, meta, served, params, key, started)
+            return JSONResponse(body, headers=headers)
         except Exception as exc:
             self.metrics.record("pflash_errors", stage="target")
-            return error_json(exc)
+            return error_json(exc, rid)
 
     def _stats(self, compressed: Compressed) -> api.PFlashStats:
         fields = {k: v for k, v in compressed.stats.items() if k in api.PFlashStats.model_fields}
@@ -314,12 +421,12 @@ class Ingress:
     def _generation(
         self, compressed: Compressed, params: SamplingParams, key: str, cut: int | None
     ):
+        # the target scopes its prefix snapshots by tenant (the conversation key's prefix)
         return self.target.options(stream=True, session_id=key).generate.remote(
-            list(compressed.served_ids), params, cut, key
+            list(compressed.served_ids), params, cut, key, tenant_of(key)
         )
 
-    async def _respond(self, req, kind, served: Served, params, key, started) -> JSONResponse:
-        meta = api.ResponseMeta.new(req.model or self.model_name, kind)
+    async def _respond(self, req, kind, meta, served: Served, params, key, started) -> dict:
         text: list[str] = []
         done: GenerationDone | None = None
         ttft = None
@@ -339,69 +446,74 @@ class Ingress:
                 meta, "".join(text), done.finish_reason, usage, pflash_prompt=prompt
             )
         )
-        return JSONResponse(
-            body.model_dump(mode="json"), headers={"x-pflash-replica": self.replica}
-        )
+        return body.model_dump(mode="json")
 
     async def _stream(
-        self, req, kind, compression, params, key, started, *, keepalive: bool
+        self, req, kind, meta, compression, params, key, started, deadline, rid, *, keepalive: bool
     ) -> AsyncIterator[str]:
-        meta = api.ResponseMeta.new(req.model or self.model_name, kind)
         try:
-            if keepalive:
-                while True:
-                    done, _ = await asyncio.wait({compression}, timeout=KEEPALIVE_EVERY_S)
-                    if done:
-                        break
-                    yield api.SSE_KEEPALIVE
-            served: Served = await compression
-            compressed = served.compressed
-            prompt = compressed.served_text if req.pflash_return_prompt else None
-            if kind == "chat":
-                yield api.sse_event(
-                    api.chat_chunk(meta, role="assistant", content="", pflash_prompt=prompt)
-                )
-            ttft = None
-            done_event: GenerationDone | None = None
-            async for event in self._generation(compressed, params, key, served.snapshot_cut):
-                if isinstance(event, TokenDelta):
-                    ttft = ttft if ttft is not None else time.perf_counter() - started
-                    if event.text:
-                        chunk = (
-                            api.chat_chunk(meta, content=event.text)
-                            if kind == "chat"
-                            else api.completion_chunk(meta, event.text)
-                        )
-                        yield api.sse_event(chunk)
-                elif isinstance(event, GenerationDone):
-                    done_event = event
-            if done_event is None:
-                raise CompressionFailed(
-                    "target", "the target ended without finishing the generation"
-                )
-            final = (
-                api.chat_chunk(meta, finish_reason=done_event.finish_reason)
-                if kind == "chat"
-                else api.completion_chunk(
-                    meta, finish_reason=done_event.finish_reason, pflash_prompt=prompt
-                )
-            )
-            yield api.sse_event(final)
-            usage = self._account(
-                kind, compressed, done_event, ttft, started, session=req.session_id and key
-            )
-            if req.include_usage:
-                chunk = (
-                    api.chat_usage_chunk(meta, usage)
-                    if kind == "chat"
-                    else api.completion_usage_chunk(meta, usage)
-                )
-                yield api.sse_event(chunk)
-            yield api.SSE_DONE
+            async with asyncio.timeout_at(deadline):
+                async for event in self._events(
+                    req, kind, meta, compression, params, key, started, keepalive=keepalive
+                ):
+                    yield event
         except asyncio.CancelledError:
             compression.cancel()
             raise
         except Exception as exc:  # headers are sent: report in-band, then end the stream
-            log.warning("stream failed: %s", exc)
-            yield api.sse_error(unwrap_remote_error(exc))
+            compression.cancel()
+            yield api.sse_event(error_envelope(exc, rid)[1])
             yield api.SSE_DONE
+
+    async def _events(
+        self, req, kind, meta, compression, params, key, started, *, keepalive: bool
+    ) -> AsyncIterator[str]:
+        """The stream's events: keep-alives while compressing, the answer, usage, [DONE]."""
+        if keepalive:
+            while True:
+                done, _ = await asyncio.wait({compression}, timeout=KEEPALIVE_EVERY_S)
+                if done:
+                    break
+                yield api.SSE_KEEPALIVE
+        served: Served = await compression
+        compressed = served.compressed
+        prompt = compressed.served_text if req.pflash_return_prompt else None
+        if kind == "chat":
+            yield api.sse_event(
+                api.chat_chunk(meta, role="assistant", content="", pflash_prompt=prompt)
+            )
+        ttft = None
+        done_event: GenerationDone | None = None
+        async for event in self._generation(compressed, params, key, served.snapshot_cut):
+            if isinstance(event, TokenDelta):
+                ttft = ttft if ttft is not None else time.perf_counter() - started
+                if event.text:
+                    chunk = (
+                        api.chat_chunk(meta, content=event.text)
+                        if kind == "chat"
+                        else api.completion_chunk(meta, event.text)
+                    )
+                    yield api.sse_event(chunk)
+            elif isinstance(event, GenerationDone):
+                done_event = event
+        if done_event is None:
+            raise CompressionFailed("target", "the target ended without finishing the generation")
+        final = (
+            api.chat_chunk(meta, finish_reason=done_event.finish_reason)
+            if kind == "chat"
+            else api.completion_chunk(
+                meta, finish_reason=done_event.finish_reason, pflash_prompt=prompt
+            )
+        )
+        yield api.sse_event(final)
+        usage = self._account(
+            kind, compressed, done_event, ttft, started, session=req.session_id and key
+        )
+        if req.include_usage:
+            chunk = (
+                api.chat_usage_chunk(meta, usage)
+                if kind == "chat"
+                else api.completion_usage_chunk(meta, usage)
+            )
+            yield api.sse_event(chunk)
+        yield api.SSE_DONE

@@ -54,8 +54,9 @@ class TargetModelDeployment:
         params: SamplingParams,
         snapshot_cut: int | None = None,
         session_id: str | None = None,
+        tenant: str | None = None,
     ) -> AsyncIterator[GenerationEvent]:
         async for event in self.backend.generate(
-            prompt_ids, params, snapshot_cut=snapshot_cut, session_id=session_id
+            prompt_ids, params, snapshot_cut=snapshot_cut, session_id=session_id, tenant=tenant
         ):
             yield event

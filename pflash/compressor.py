@@ -366,6 +366,24 @@ def conversation_key(
     return f"{tenant}:{h.hexdigest()[:24]}"
 
 
+def tenant_of(conversation: str) -> str:
+    """The tenant a conversation key belongs to (`conversation_key` puts it first)."""
+    return conversation.split(":", 1)[0]
+
+
+def check_prompt_limit(prompt: RenderedPrompt, config: PFlashConfig) -> None:
+    """`max_prompt_tokens`: a prompt past what the deployment is sized for is a 400 before
+    any model runs (prompts over the target's context but under it are compressed to fit)."""
+    limit = config.max_prompt_tokens
+    if limit is not None and len(prompt.ids) > limit:
+        raise InvalidRequest(
+            f"the prompt has {len(prompt.ids)} tokens; this server accepts at most {limit} "
+            "(max_prompt_tokens)",
+            param="messages" if prompt.kind == "chat" else "prompt",
+            code="context_length_exceeded",
+        )
+
+
 def check_context(result: Compressed, request: CompressionRequest, max_ctx: int | None) -> None:
     """The served prompt plus max_tokens must fit the target's context (target tokens)."""
     if max_ctx is None:

@@ -43,6 +43,20 @@ class InvalidRequest(PFlashError, ValueError):
     error_type = "invalid_request_error"
 
 
+class ModelNotFound(InvalidRequest):
+    """A request names a model this server does not serve (OpenAI's and vLLM's 404)."""
+
+    http_status = 404
+
+    def __init__(self, model: str, served: tuple[str, ...]):
+        shown = model if len(model) <= 64 else model[:61] + "..."
+        super().__init__(
+            f"the model {shown!r} does not exist; this server serves {', '.join(served)}",
+            param="model",
+            code="model_not_found",
+        )
+
+
 class CompressionFailed(PFlashError):
     """Compression could not produce a correct prompt. `stage` names where it failed.
 

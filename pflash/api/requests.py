@@ -11,7 +11,6 @@ An unknown `pflash_*` field is a 400 too, so a misspelt extension never goes unn
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -19,13 +18,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from pflash.api.body import check_json_tree, load_json_body
 from pflash.config import PFlashConfig
-from pflash.errors import InvalidRequest
+from pflash.errors import InvalidRequest, ModelNotFound
 from pflash.models.target.protocol import SamplingParams
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 PFlashMode = Literal["off", "auto", "always"]
 
+MAX_STOP_SEQUENCES = 16  # each is matched after every token; OpenAI allows 4
 _REQUEST_CONFIG = ConfigDict(strict=True, extra="ignore", validate_default=True)
 
 
@@ -168,7 +169,7 @@ class _GenerationRequest(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     stop: tuple[str, ...] = ()
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)  # what a 64-bit sampler seed holds
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = None
@@ -203,6 +204,10 @@ class _GenerationRequest(BaseModel):
         if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
             raise PydanticCustomError(
                 "invalid_type", "stop must be a non-empty string or a list of them"
+            )
+        if len(items) > MAX_STOP_SEQUENCES:
+            raise PydanticCustomError(
+                "invalid_value", f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed"
             )
         return tuple(items)
 
@@ -249,6 +254,15 @@ class _GenerationRequest(BaseModel):
 
     def check_allowed(self, config: PFlashConfig) -> None:
         """Rules that depend on the server's config; raise `InvalidRequest` when broken."""
+        if self.model is not None and self.model not in config.served_model_names:
+            raise ModelNotFound(self.model, config.served_model_names)
+        if len(getattr(self, "messages", ())) > config.max_messages:
+            raise InvalidRequest(
+                f"{len(self.messages)} messages exceed this server's limit of "
+                f"{config.max_messages} (max_messages)",
+                param="messages",
+                code="too_many_messages",
+            )
         if self.pflash_return_prompt and not config.return_prompt_enabled:
             raise InvalidRequest(
                 "pflash_return_prompt is disabled on this server (return_prompt_enabled)",
@@ -365,7 +379,8 @@ def invalid_request_from(err: ValidationError) -> InvalidRequest:
         and isinstance(value, str | int | float | bool)
         and "param" not in ctx
     ):
-        message = f"{message} (got {value!r})"
+        shown = repr(value)
+        message = f"{message} (got {shown if len(shown) <= 80 else shown[:77] + '...'})"
     return InvalidRequest(
         f"{param}: {message}" if param else message, param=param, code=_code_for(first["type"])
     )
@@ -373,12 +388,9 @@ def invalid_request_from(err: ValidationError) -> InvalidRequest:
 
 def _parse(model: type[_GenerationRequest], body: bytes | str | Mapping[str, Any]) -> Any:
     if isinstance(body, bytes | str):
-        try:
-            body = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidRequest(
-                f"request body is not valid JSON: {exc}", code="invalid_json"
-            ) from None
+        body = load_json_body(body)
+    else:
+        check_json_tree(body)
     if not isinstance(body, Mapping):
         raise InvalidRequest("request body must be a JSON object", code="invalid_type")
     try:

@@ -175,6 +175,15 @@ class SelectionConfig(Component):
         le=1 << 20,
         description="Turns up to this many tokens are kept whole (dialogue skeleton); 0 disables.",
     )
+    system_documents: Literal["compress", "keep"] = Field(
+        "compress",
+        description="compress: documents inside system and developer messages (tagged blocks, code fences, Context:/Documents: sections, paragraphs over twice system_passage_chars) are scored and dropped like user context, the instructions around them stay verbatim; keep: every system message is pinned whole (the reference).",
+    )
+    system_passage_chars: int = Field(
+        1000,
+        ge=200,
+        description="Shortest passage (characters) of a system or developer message that system_documents: compress may drop.",
+    )
     chat_question_pin_tokens: int = Field(
         64,
         ge=0,
@@ -325,6 +334,20 @@ class ScoringConfig(Component):
         le=16,
         description="Per-conversation drafter scoring sessions kept (LRU); 0 = none.",
     )
+    drafter_attention: Literal["dense", "window"] = Field(
+        "dense",
+        description="Attention of the drafter layers below the scoring layer (head scorer): dense (every earlier token; time quadratic, KV cache linear in the prompt) or window (the first drafter_sink_tokens plus the last drafter_window_tokens; time linear, KV cache bounded). The scoring layer still reads every token. Legacy/split scorers and look-ahead stay dense.",
+    )
+    drafter_window_tokens: int = Field(
+        2048,
+        ge=16,
+        description="drafter_attention window: the last tokens each drafter query sees; a window covering the prompt gives the dense scores.",
+    )
+    drafter_sink_tokens: int = Field(
+        64,
+        ge=0,
+        description="drafter_attention window: the first tokens every drafter query also sees (attention sinks: softmax parks surplus mass there, dropping them distorts later layers).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto",
         description="Where the drafter and an in-process target run: auto (cuda when a GPU is visible to the replica, else cpu), cpu, cuda.",
@@ -379,6 +402,15 @@ class GenerationConfig(Component):
         "text",
         description="openai backend: the served prompt as text (every server) or as token ids (exact token boundaries, so the upstream's prefix cache sees exactly the served prefix; vLLM, SGLang, llama.cpp server accept them).",
     )
+    upstream_cache_salt: bool = Field(
+        True,
+        description="openai backend: send the tenant as vLLM's cache_salt, so the upstream's prefix cache never reuses one tenant's prompt for another (turn off for upstreams that reject unknown fields).",
+    )
+    upstream_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="openai backend: seconds to wait for the upstream's response and for each streamed chunk; past it the request is a 504 (upstream_timeout).",
+    )
     max_context: int | None = Field(
         None, gt=0, description="Target context length; unset = read from the target model."
     )
@@ -405,6 +437,24 @@ class ServerConfig(Component):
         False, description="Allow requests to set pflash_return_prompt."
     )
     max_body_bytes: int = Field(16 << 20, ge=1024, description="Largest accepted request body.")
+    served_model_names: tuple[str, ...] = Field(
+        ("pflash",),
+        min_length=1,
+        description="Model ids the server answers to (the first is what /v1/models lists and responses name); a request for another is a 404 model_not_found, as OpenAI and vLLM answer.",
+    )
+    max_messages: int = Field(
+        4096, ge=1, description="Most chat messages one request may carry (more is a 400)."
+    )
+    max_prompt_tokens: int | None = Field(
+        131072,
+        ge=1,
+        description="Most prompt tokens (target tokens, rendered) a request may carry: a 400 before any model runs, for what the deployment is sized for; null = no limit. Prompts over the target's context but under this are compressed to fit.",
+    )
+    request_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="Seconds the ingress spends on one request (compression and generation) before it answers 504; client headers cannot lift it.",
+    )
     trace_path: str | None = Field(None, description="JSONL selection trace path; unset = off.")
     view_trace_path: str | None = Field(
         None, description="JSONL served-prompt trace path; unset = off."

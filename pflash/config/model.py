@@ -203,7 +203,7 @@ def _parse_env_value(field: str, raw: str) -> Any:
         if low in ("0", "false", "no", "off"):
             return False
         raise ConfigError(field, raw, "a boolean: 1/0, true/false, on/off")
-    if field == "api_keys":
+    if field in ("api_keys", "served_model_names"):  # lists: comma or space separated
         return tuple(k for k in raw.replace(",", " ").split() if k)
     if field == "curve":
         return raw

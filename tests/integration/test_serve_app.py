@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +26,7 @@ import yaml
 from pflash.bench.launch import ServeCluster, free_port
 
 pytestmark = pytest.mark.integration
+sys.path.insert(0, str(Path(__file__).parent))  # bad_requests.py, the fuzz strategies
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-1"
@@ -435,10 +438,14 @@ def test_cross_vocabulary_pair_keeps_the_needle_for_a_gemma_target(server):
         "the passage.\n\n" + _document(6000) + "\n\nQuestion: " + QUESTION + "\nAnswer:"
     )
     full = xv.completions.create(
-        model="x", prompt=prompt, max_tokens=12, temperature=0, extra_body={"pflash_mode": "off"}
+        model="pflash",
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"pflash_mode": "off"},
     )
     r = xv.completions.create(
-        model="x",
+        model="pflash",
         prompt=prompt,
         max_tokens=12,
         temperature=0,
@@ -731,3 +738,167 @@ def test_views_of_one_api_key_are_never_used_for_another(server, conversation):
     with httpx.Client(base_url=server, timeout=600) as http:
         _, stats, _, _ = _turn(http, second["messages"], key=OTHER_KEY, max_tokens=1)
     assert stats["view"]["mode"] == "fresh" and stats["view"]["turn"] == 1
+
+
+# ----------------------------------------------------------------------------- long prompts
+
+
+def _licenses_document(chars: int) -> str:
+    """Real text past SmolLM2's 8K context: GPL-3, GPL-2, Apache-2.0, the needle in the middle."""
+    root = Path("/usr/share/common-licenses")
+    body = "\n\n".join((root / name).read_text() for name in ("GPL-3", "GPL-2", "Apache-2.0"))
+    body = body[:chars]
+    mid = body.index("\n\n", len(body) // 2)
+    return body[:mid] + "\n\n" + NEEDLE + body[mid:]
+
+
+def test_a_prompt_longer_than_the_target_context_is_compressed_to_fit_in_auto_mode(client):
+    # 12K+ tokens on an 8K target, below the app's auto threshold (100,000): served whole it
+    # cannot run, so auto compresses it to fit the context minus max_tokens
+    r = client.chat.completions.create(
+        model="pflash",
+        messages=[{"role": "user", "content": _licenses_document(60_000) + "\n\n" + QUESTION}],
+        max_tokens=16,
+        temperature=0,
+    )
+    stats = r.usage.model_extra["timings"]["pflash"]
+    assert r.usage.prompt_tokens > 12_000
+    assert stats["compressed_tokens"] + 16 <= 8192
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_mandatory_part_over_the_context_is_a_400_naming_it(client):
+    with pytest.raises(Exception) as info:
+        client.chat.completions.create(
+            model="pflash",
+            messages=[
+                {"role": "system", "content": _licenses_document(40_000)},
+                {"role": "user", "content": QUESTION},
+            ],
+            max_tokens=16,
+        )
+    assert info.value.status_code == 400
+    error = info.value.body
+    assert error["code"] == "pflash_context_fit" and "system prompt" in error["message"]
+
+
+def test_a_prompt_past_max_prompt_tokens_is_refused_before_any_model_runs(server):
+    r = httpx.post(
+        f"{server}/gw2/v1/completions",
+        json={"prompt": [1] * 140_000, "max_tokens": 1},
+        timeout=60,
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+# ----------------------------------------------------------------------------- hardening
+
+
+def test_unknown_routes_and_methods_answer_in_the_envelope(server):
+    for method, path, status in [
+        ("GET", "/v1/nothing", 404),
+        ("POST", "/v1/chat/completions/", 404),
+        ("GET", "/v1/chat/completions", 405),
+        ("DELETE", "/v1/models", 405),
+    ]:
+        r = httpx.request(method, f"{server}{path}", headers=AUTH, timeout=10)
+        assert r.status_code == status, (method, path)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_model_the_server_does_not_serve_is_404_and_models_lists_the_served_name(client):
+    import openai
+
+    assert [m.id for m in client.models.list().data] == ["pflash"]
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=1
+        )
+    assert info.value.body["code"] == "model_not_found"
+
+
+def test_every_response_carries_a_request_id(server):
+    ok = httpx.post(
+        f"{server}/v1/completions",
+        json={"prompt": "Hi", "max_tokens": 1, "pflash_mode": "off"},
+        headers=AUTH,
+        timeout=60,
+    )
+    bad = httpx.post(f"{server}/v1/completions", json={"prompt": ""}, headers=AUTH, timeout=60)
+    assert ok.headers["x-request-id"].startswith("req-")
+    assert bad.headers["x-request-id"].startswith("req-")
+    assert ok.headers["x-request-id"] != bad.headers["x-request-id"]
+
+
+def test_generated_bad_requests_never_get_a_5xx_a_hang_or_a_bare_body(server):
+    """The fuzz suite: requests drawn from tests/integration/bad_requests.py (mutated and
+    unknown fields, raw bodies, odd chats, wrong routes), each answered within 60 s by a 4xx
+    in the OpenAI envelope (or a 200), with /healthz up after each."""
+    from collections import Counter
+
+    from bad_requests import BAD_REQUESTS
+    from hypothesis import HealthCheck, given, settings
+
+    counts: Counter = Counter()
+    failures: list = []
+    with httpx.Client(timeout=60) as http:
+
+        @settings(
+            max_examples=int(os.environ.get("PFLASH_FUZZ_EXAMPLES", "1000")),
+            deadline=None,
+            database=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(BAD_REQUESTS)
+        def send(req):
+            headers = {**AUTH, **req.headers}
+            try:
+                r = http.request(req.method, server + req.path, content=req.body, headers=headers)
+            except httpx.TimeoutException:
+                counts["timeout"] += 1
+                failures.append((req.family, "timeout", req.body[:200]))
+                return
+            counts[r.status_code] += 1
+            try:
+                error = r.json().get("error") if r.status_code != 200 else None
+            except ValueError:
+                error = None
+            enveloped = r.status_code == 200 or (
+                isinstance(error, dict) and {"message", "type"} <= set(error)
+            )
+            if r.status_code >= 500 or not enveloped:
+                failures.append((req.family, r.status_code, req.body[:200], r.text[:200]))
+            assert http.get(f"{server}/healthz").status_code == 200
+
+        send()
+    print("fuzz answers by status:", dict(counts))
+    assert failures == []
+    assert sum(counts.values()) >= int(os.environ.get("PFLASH_FUZZ_EXAMPLES", "1000"))
+
+
+def test_a_tenant_never_reuses_another_tenants_cached_prefix(server):
+    """Tenant B sending tenant A's exact conversation gets no cached tokens (the reuse would
+    show in cached_tokens and in the TTFT); A's own next turn still reuses its prefix."""
+    from openai import OpenAI
+
+    a = OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=300)
+    b = OpenAI(base_url=f"{server}/v1", api_key=OTHER_KEY, max_retries=0, timeout=300)
+    secret = "The vault code of the Lisbon office is 4417-ALPHA. " * 20
+    turn = [{"role": "system", "content": secret}, {"role": "user", "content": "Hello."}]
+    common = dict(model="pflash", max_tokens=2, temperature=0, extra_body={"pflash_mode": "off"})
+    a.chat.completions.create(messages=turn, **common)
+    again = [*turn, {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Bye."}]
+    by_b = b.chat.completions.create(messages=again, **common)
+    by_a = a.chat.completions.create(messages=again, **common)
+    assert by_b.usage.prompt_tokens_details.cached_tokens == 0
+    assert by_a.usage.prompt_tokens_details.cached_tokens > 100
+
+
+def test_readyz_reports_every_deployment_ready(server):
+    r = httpx.get(f"{server}/readyz", timeout=30)
+    assert r.status_code == 200
+    assert r.json() == {
+        "status": "ready",
+        "checks": {"target": "ok", "drafter": "ok", "session_store": "ok"},
+    }

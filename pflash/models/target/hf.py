@@ -124,6 +124,7 @@ class StreamingDecoder:
 class _Snapshot:
     ids: torch.Tensor  # [T] token ids the snapshot covers
     layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values): [1, Hkv, T, D]
+    scope: str | None = None  # the tenant whose prompt it is
 
 
 class PrefixSnapshots:
@@ -133,6 +134,10 @@ class PrefixSnapshots:
     common prefix is reusable because a causal model's KV at position i depends only on
     tokens <= i. A stored prefix that a newer snapshot extends is dropped (the newer one
     covers it). Not thread-safe: the owning target touches it from its one worker thread.
+
+    Snapshots are scoped by tenant: a prompt only reuses its own tenant's snapshots, since
+    the reused length shows in `cache_n` and in the time to first token, and would let one
+    tenant test guesses about another's prompts token by token.
     """
 
     def __init__(self, capacity: int):
@@ -149,10 +154,12 @@ class PrefixSnapshots:
         diff = (a[:n] != b[:n]).nonzero()
         return int(diff[0]) if diff.numel() else n
 
-    def lookup(self, ids: torch.Tensor) -> tuple[int, _Snapshot | None]:
-        """(common prefix length, snapshot) of the best match; (0, None) when none."""
+    def lookup(self, ids: torch.Tensor, scope: str | None = None) -> tuple[int, _Snapshot | None]:
+        """(common prefix length, snapshot) of the best match in `scope`; (0, None) when none."""
         best, best_key = 0, None
         for key, snap in self._items.items():
+            if snap.scope != scope:
+                continue
             n = self._common_prefix(snap.ids, ids)
             if n > best:
                 best, best_key = n, key
@@ -161,17 +168,24 @@ class PrefixSnapshots:
         self._items.move_to_end(best_key)
         return best, self._items[best_key]
 
-    def store(self, ids: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def store(
+        self,
+        ids: torch.Tensor,
+        layers: list[tuple[torch.Tensor, torch.Tensor]],
+        scope: str | None = None,
+    ) -> None:
         if self.capacity <= 0 or ids.numel() == 0:
             return
         for key, snap in list(self._items.items()):
+            if snap.scope != scope:
+                continue
             n = self._common_prefix(snap.ids, ids)
             if n == ids.numel():  # an existing snapshot already covers this prefix
                 self._items.move_to_end(key)
                 return
             if n == snap.ids.numel():  # the new snapshot extends this one
                 del self._items[key]
-        self._items[self._next_key] = _Snapshot(ids, layers)
+        self._items[self._next_key] = _Snapshot(ids, layers, scope)
         self._next_key += 1
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
@@ -440,7 +454,12 @@ class TransformersTarget(TargetBackend):
     # ------------------------------------------------------------------ stages (worker thread)
 
     def _prefill_cache(
-        self, model: Any, snapshots: PrefixSnapshots, ids: torch.Tensor, snapshot_cut: int
+        self,
+        model: Any,
+        snapshots: PrefixSnapshots,
+        ids: torch.Tensor,
+        snapshot_cut: int,
+        scope: str | None = None,
     ) -> tuple[Any, torch.Tensor, int]:
         """Run `ids` [S] through `model` from the longest cached prefix; store `ids[:cut]`.
 
@@ -449,7 +468,7 @@ class TransformersTarget(TargetBackend):
         import torch
         from transformers import DynamicCache
 
-        reused, snap = snapshots.lookup(ids)
+        reused, snap = snapshots.lookup(ids, scope)
         reused = min(reused, ids.numel() - 1)  # the last token must run to give logits
         if snap is not None and reused > 0:
             cache = DynamicCache(
@@ -468,22 +487,29 @@ class TransformersTarget(TargetBackend):
                 (k[:, :, :snapshot_cut].clone(), v[:, :, :snapshot_cut].clone())
                 for k, v, *_ in cache
             ]
-            snapshots.store(ids[:snapshot_cut].clone(), layers)
+            snapshots.store(ids[:snapshot_cut].clone(), layers, scope)
         return cache, out.logits[0, -1], reused
 
     def _prefill(
-        self, prompt_ids: list[int], snapshot_cut: int, params: SamplingParams, speculate: bool
+        self,
+        prompt_ids: list[int],
+        snapshot_cut: int,
+        params: SamplingParams,
+        speculate: bool,
+        scope: str | None = None,
     ) -> _Decoding:
         """Prefill the target (and, when speculating, the assistant) from cached prefixes."""
         import torch
 
         t0 = time.perf_counter()
         ids = torch.tensor(prompt_ids, dtype=torch.long)  # [S]
-        cache, logits, reused = self._prefill_cache(self.model, self.snapshots, ids, snapshot_cut)
+        cache, logits, reused = self._prefill_cache(
+            self.model, self.snapshots, ids, snapshot_cut, scope
+        )
         draft_cache = None
         if speculate:
             draft_cache, _, _ = self._prefill_cache(
-                self.assistant, self.draft_snapshots, ids, snapshot_cut
+                self.assistant, self.draft_snapshots, ids, snapshot_cut, scope
             )
         generator = None
         if not params.greedy:
@@ -582,6 +608,7 @@ class TransformersTarget(TargetBackend):
         *,
         snapshot_cut: int | None = None,
         session_id: str | None = None,
+        tenant: str | None = None,
     ) -> AsyncIterator[GenerationEvent]:
         prompt_ids = [int(t) for t in prompt_ids]
         cut = self._check_prompt(prompt_ids, snapshot_cut)
@@ -596,7 +623,7 @@ class TransformersTarget(TargetBackend):
         decoder = StreamingDecoder(self.tokenizer, params.stop, context=prompt_ids)
         try:
             state = await loop.run_in_executor(
-                self._worker, self._prefill, prompt_ids, cut, params, speculate
+                self._worker, self._prefill, prompt_ids, cut, params, speculate, tenant
             )
         except PFlashError:
             raise

@@ -25,6 +25,9 @@ FinishReason = Literal["stop", "length", "tool_calls"]
 # ---------------------------------------------------------------------- contract data
 
 
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample. `temperature == 0` is greedy; `max_tokens=None` means up to the context."""
@@ -47,7 +50,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperatures below 1e-5 are greedy, as vLLM treats them: dividing logits by a
+        denormal (1e-320) overflows the softmax to NaN."""
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True)
@@ -182,7 +187,7 @@ def max_new_tokens(prompt_len: int, params: SamplingParams, max_context: int) ->
 class TargetBackend(abc.ABC):
     """The target model behind PFlash. Every backend keeps exactly this contract.
 
-    `generate(prompt_ids, params, *, snapshot_cut, session_id)` is an async iterator of
+    `generate(prompt_ids, params, *, snapshot_cut, session_id, tenant)` is an async iterator of
     `GenerationEvent`s:
 
     - zero or more `TokenDelta`s, in order, each with non-empty `text` of complete UTF-8
@@ -199,7 +204,9 @@ class TargetBackend(abc.ABC):
     again. `snapshot_cut` is the token index where the view's generation prompt starts
     (ALGORITHM §6.3): a backend that keeps prefix snapshots stores `prompt_ids[:cut]` (the
     whole prompt when None) and never the generated tokens. `session_id` is an affinity and
-    cache hint only; a backend must give the same answer without it.
+    cache hint only; a backend must give the same answer without it. `tenant` scopes what a
+    backend caches across requests: a prompt may reuse only its own tenant's cached prefix
+    (the reuse shows in `cache_n` and in the time to first token).
 
     Failures raise typed `PFlashError`s, before the first event or mid-stream: bad input
     (`InvalidRequest`, e.g. a prompt longer than the context), a failing model
@@ -221,6 +228,7 @@ class TargetBackend(abc.ABC):
         *,
         snapshot_cut: int | None = None,
         session_id: str | None = None,
+        tenant: str | None = None,
     ) -> AsyncIterator[GenerationEvent]:
         """Stream the answer to `prompt_ids` (see the class docstring for the contract)."""
 

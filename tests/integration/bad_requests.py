@@ -1,0 +1,320 @@
+"""Bad requests for the HTTP API, as hypothesis strategies (the fuzz suite draws from them).
+
+Families, each a way real clients and attackers get requests wrong:
+- **mutated fields**: a valid chat or completion body with one field replaced by a value of
+  any JSON type, an extreme number, a lone UTF-16 surrogate, or removed;
+- **unknown fields**: extra keys with odd names (surrogates, empty, `pflash_*` typos);
+- **raw bodies**: not JSON, truncated JSON, NaN/Infinity literals, integers of thousands of
+  digits, nesting tens of thousands of levels deep, invalid UTF-8, a JSON array;
+- **odd chats**: hundreds or thousands of empty messages, roles in every order, tool messages without
+  ids, content parts of unknown types;
+- **wrong routes**: unknown paths, wrong methods, odd headers and content types.
+
+Each draw is a `BadRequest(method, path, headers, body)`; the test sends it and checks the
+answer is a 4xx (or a 200) in the OpenAI envelope, never a 5xx or a hang.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from hypothesis import strategies as st
+
+SURROGATE = "\\ud800"  # a lone surrogate, as a JSON escape (valid JSON, invalid Unicode)
+
+
+@dataclass(frozen=True)
+class BadRequest:
+    method: str
+    path: str
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    family: str = ""
+
+
+def _chat(**extra) -> dict:
+    return {
+        "messages": [{"role": "user", "content": "Say hi."}],
+        "max_tokens": 2,
+        "temperature": 0,
+        **extra,
+    }
+
+
+def _completion(**extra) -> dict:
+    return {"prompt": "Say hi.", "max_tokens": 2, "temperature": 0, **extra}
+
+
+CHAT_FIELDS = [
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "stream",
+    "stream_options",
+    "n",
+    "tools",
+    "tool_choice",
+    "chat_template_kwargs",
+    "pflash_mode",
+    "pflash_keep_ratio",
+    "pflash_query",
+    "pflash_required",
+    "session_id",
+    "pflash_return_prompt",
+    "logprobs",
+    "user",
+]
+COMPLETION_FIELDS = [f for f in CHAT_FIELDS if f not in ("messages", "tools", "tool_choice")]
+COMPLETION_FIELDS += ["prompt", "echo", "suffix", "best_of"]
+
+EXTREME_NUMBERS = st.sampled_from(
+    [0, -1, 1, 2**31, 2**63, 2**64, -(2**63) - 1, 10**30, 1e308, -1e308, 0.5, 1e-320, 3.7]
+)
+JSON_LEAF = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=40),
+    EXTREME_NUMBERS,
+)
+JSON_VALUE = st.recursive(
+    JSON_LEAF,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _encode(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=True).encode()
+
+
+def _with_surrogate(obj: dict, key: str) -> bytes:
+    """`obj` as JSON with a lone surrogate spliced into the string at `key` (a placeholder
+    is replaced after encoding, since Python's encoder escapes it anyway)."""
+    text = json.dumps({**obj, key: "@@SURROGATE@@"}, ensure_ascii=True)
+    return text.replace("@@SURROGATE@@", f"x{SURROGATE}y").encode()
+
+
+@st.composite
+def mutated_fields(draw) -> BadRequest:
+    chat = draw(st.booleans())
+    base, fields, path = (
+        (_chat(), CHAT_FIELDS, "/v1/chat/completions")
+        if chat
+        else (_completion(), COMPLETION_FIELDS, "/v1/completions")
+    )
+    key = draw(st.sampled_from(fields))
+    how = draw(st.sampled_from(["value", "number", "surrogate", "drop"]))
+    if key == "max_tokens" and how in ("drop", "value"):
+        # without max_tokens a valid request generates to the end of the context (minutes
+        # on this CPU); an oversized one is the bad input worth sending
+        return BadRequest("POST", path, _encode({**base, key: 10**6}), family="number_field")
+    if how == "drop":
+        base.pop(key, None)
+        return BadRequest("POST", path, _encode(base), family="drop_field")
+    if how == "surrogate":
+        return BadRequest("POST", path, _with_surrogate(base, key), family="surrogate_field")
+    value = draw(EXTREME_NUMBERS if how == "number" else JSON_VALUE)
+    return BadRequest("POST", path, _encode({**base, key: value}), family=f"{how}_field")
+
+
+@st.composite
+def unknown_fields(draw) -> BadRequest:
+    name = draw(
+        st.sampled_from(["", " ", "pflash_mod", "pflash_", "\u0000", "ключ", "a" * 300])
+        | st.text(max_size=12)
+    )
+    body = json.dumps({**_chat(), "@@NAME@@": draw(JSON_VALUE)}, ensure_ascii=True)
+    raw = json.dumps(name, ensure_ascii=True)[1:-1]
+    if draw(st.booleans()):
+        raw += SURROGATE
+    return BadRequest(
+        "POST",
+        "/v1/chat/completions",
+        body.replace("@@NAME@@", raw).encode(),
+        family="unknown_field",
+    )
+
+
+def _deep(depth: int, kind: str) -> bytes:
+    inner = "[" * depth + "]" * depth if kind == "list" else '{"a":' * depth + "1" + "}" * depth
+    return (
+        json.dumps({**_chat(), "chat_template_kwargs": {"x": "@@"}}).replace('"@@"', inner).encode()
+    )
+
+
+RAW_BODIES = [
+    b"",
+    b"{",
+    b"not json",
+    b"[]",
+    b'"a string"',
+    b"null",
+    b'{"messages": NaN}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}',
+    b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": ' + b"9" * 5000 + b"}",
+    b'{"messages": [{"role": "user", "content": "hi"}], "seed": ' + b"1" * 40 + b"}",
+    b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}',
+    b'{"messages": [{"role": "user", "content": "hi"}]' + b" " * 10,
+    b"\x00" * 64,
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+]
+
+
+@st.composite
+def raw_bodies(draw) -> BadRequest:
+    path = draw(st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
+    if draw(st.integers(0, 3)) == 0:
+        body = _deep(
+            draw(st.sampled_from([65, 200, 1000, 5000, 50_000])),
+            draw(st.sampled_from(["list", "dict"])),
+        )
+    else:
+        body = draw(st.sampled_from(RAW_BODIES))
+    return BadRequest("POST", path, body, family="raw_body")
+
+
+ROLES = ["system", "developer", "user", "assistant", "tool", "function", "", "User"]
+
+
+@st.composite
+def odd_chats(draw) -> BadRequest:
+    shape = draw(st.sampled_from(["many_empty", "roles", "parts", "prompt_ids"]))
+    if shape == "many_empty":
+        role = draw(st.sampled_from(["user", "assistant", "system"]))
+        n = draw(st.sampled_from([200, 5000]))  # 5000 is past the server's max_messages
+        messages = [{"role": role, "content": ""} for _ in range(n)]
+        messages.append({"role": "user", "content": "hi"})
+        body = _encode(_chat(messages=messages))
+        return BadRequest("POST", "/v1/chat/completions", body, family="many_empty_messages")
+    if shape == "roles":
+        messages = draw(
+            st.lists(
+                st.fixed_dictionaries(
+                    {"role": st.sampled_from(ROLES)},
+                    optional={
+                        "content": st.one_of(st.text(max_size=20), st.none(), JSON_VALUE),
+                        "tool_call_id": st.text(max_size=5),
+                        "tool_calls": JSON_VALUE,
+                        "name": JSON_VALUE,
+                    },
+                ),
+                min_size=0,
+                max_size=6,
+            )
+        )
+        return BadRequest(
+            "POST", "/v1/chat/completions", _encode(_chat(messages=messages)), family="roles"
+        )
+    if shape == "parts":
+        parts = draw(
+            st.lists(
+                st.fixed_dictionaries(
+                    {"type": st.sampled_from(["text", "image_url", "input_audio", "", 3])},
+                    optional={"text": JSON_VALUE, "image_url": JSON_VALUE},
+                ),
+                max_size=4,
+            )
+        )
+        body = _encode(_chat(messages=[{"role": "user", "content": parts}]))
+        return BadRequest("POST", "/v1/chat/completions", body, family="content_parts")
+    ids = draw(
+        st.lists(st.integers(min_value=-(2**40), max_value=2**40), min_size=0, max_size=8)
+        | st.lists(JSON_LEAF, max_size=4)
+    )
+    return BadRequest(
+        "POST", "/v1/completions", _encode(_completion(prompt=ids)), family="prompt_ids"
+    )
+
+
+@st.composite
+def wrong_routes(draw) -> BadRequest:
+    method = draw(st.sampled_from(["GET", "PUT", "DELETE", "PATCH", "POST"]))
+    path = draw(
+        st.sampled_from(
+            [
+                "/v1/chat/completions",
+                "/v1/completions",
+                "/v1/models",
+                "/v1/embeddings",
+                "/v1/nothing",
+                "/",
+                "/v2/chat/completions",
+                "/v1/chat/completions/",
+                "/healthz/x",
+                "/%ff",
+            ]
+        )
+    )
+    if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+        method = "GET"
+    headers = draw(
+        st.sampled_from(
+            [
+                {},
+                {"content-type": "text/plain"},
+                {"content-type": "application/x-www-form-urlencoded"},
+                {"authorization": "Bearer"},
+                {"authorization": "Basic Zm9vOmJhcg=="},
+                {"x-request-timeout-seconds": "0"},
+            ]
+        )
+    )
+    return BadRequest(method, path, _encode(_chat()), headers, family="wrong_route")
+
+
+SURROGATE_PLACES = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "@@"}], "max_tokens": 2}),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "@@"}]}],
+            "max_tokens": 2,
+        },
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "system", "content": "@@"}, {"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+        },
+    ),
+    ("/v1/completions", {"prompt": "@@", "max_tokens": 2}),
+    ("/v1/completions", {"prompt": "hi", "model": "@@", "max_tokens": 2}),
+    ("/v1/completions", {"prompt": "hi", "stop": ["@@"], "max_tokens": 2}),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "pflash_query": "@@", "max_tokens": 2},
+    ),
+]
+
+
+@st.composite
+def surrogate_texts(draw) -> BadRequest:
+    """A lone surrogate inside message content, a text part, the prompt, the model name..."""
+    path, body = draw(st.sampled_from(SURROGATE_PLACES))
+    escape = draw(st.sampled_from(["\\ud800", "\\udfff", "a\\ud83d", "\\udc00b"]))
+    return BadRequest(
+        "POST", path, json.dumps(body).replace("@@", escape).encode(), family="surrogate_text"
+    )
+
+
+BAD_REQUESTS = st.one_of(
+    mutated_fields(),
+    unknown_fields(),
+    raw_bodies(),
+    odd_chats(),
+    wrong_routes(),
+    surrogate_texts(),
+)
