@@ -3,6 +3,9 @@
 Requests of one conversation carry `session_id` (the ingress forwards its conversation key)
 so the consistent-hash router sends them to the replica holding the scoring session;
 landing elsewhere is correct, only slower.
+
+Serve runs sync methods on a thread pool; the scorer runs one pass at a time (its own lock),
+so a second request waits rather than sharing the model's layer hooks.
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ class DrafterScorerDeployment:
 
     def score(self, request: ScoreRequest) -> ScoreResult:
         return self.scorer(request)
+
+    def ready(self) -> bool:
+        """For the ingress's /readyz: the model is loaded and the replica answers."""
+        self.check_health()
+        return True
 
     def check_health(self) -> None:
         if self.scorer is None:

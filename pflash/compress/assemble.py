@@ -30,6 +30,7 @@ RECALL_HEADER = "[Earlier in this conversation]\n"
 RECALL_FOOTER = "\n[End of earlier excerpts]\n\n"
 RECALL_SEPARATOR = "\n\n"
 CEILING_ATTEMPTS = 3
+EXTRA_CEILING_ATTEMPTS = 6  # past the reference's: the overflow doubled each time
 
 
 # --------------------------------------------------------------------------- paragraph join
@@ -207,16 +208,23 @@ def fit_ceiling(
     r_requested: float,
     ceiling: int,
     max_attempts: int = CEILING_ATTEMPTS,
+    extra_attempts: int = EXTRA_CEILING_ATTEMPTS,
 ) -> CeilingFit[A]:
     """Run `attempt(keep_ratio)` until its prompt fits the target-token ceiling (§5.8 2-10).
 
     `attempt` selects and assembles at the given keep ratio and returns something with
     `ceiling_tokens` (an `Assembly`: target tokens minus join overhead). Accept when
     `ceiling_tokens <= ceiling`. Otherwise overflow = ceiling_tokens - ceiling and
-    tightened = ceiling - overflow - 1; stop when this was the last attempt or
+    tightened = ceiling - overflow * scale - 1; stop when this was the last attempt or
     tightened <= 0, else retry with r = r_requested * tightened / ceiling (always scaled
     from the requested ratio, not the previous one). The retry absorbs tokenizer mismatch:
     the drafter budget is in drafter tokens, the ceiling in target tokens.
+
+    The first `max_attempts` are the reference's (scale 1). A one-token overflow then
+    lowers r by ~1/ceiling, too little to drop a 64-token chunk, so every retry rebuilds
+    the same prompt and the request failed (a 500 on about one ~3.5K-token prompt in six at
+    keep 0.1). Up to `extra_attempts` more follow with the overflow doubled each time
+    (scale 2, 4, 8, ...), until a chunk goes.
 
     Contract: the returned attempt is never over the ceiling; when no attempt fits,
     `CompressionFailed("ceiling", "final prompt exceeds target-token ceiling (a > b)")` is
@@ -224,21 +232,27 @@ def fit_ceiling(
     """
     if max_attempts < 1:
         raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+    total = max_attempts + max(0, extra_attempts)
     r = r_requested
     measured = 0
-    for index in range(max_attempts):
+    for index in range(total):
         result = attempt(r)
         measured = int(result.ceiling_tokens)
         if measured <= ceiling:
             return CeilingFit(result, r, index + 1)
-        overflow = measured - ceiling
-        tightened = ceiling - overflow - 1
-        if index >= max_attempts - 1 or tightened <= 0:
+        tightened = ceiling - (measured - ceiling) * ceiling_retry_scale(index, max_attempts) - 1
+        if index >= total - 1 or tightened <= 0:
             break
         r = r_requested * tightened / ceiling
     raise CompressionFailed(
         "ceiling", f"final prompt exceeds target-token ceiling ({measured} > {ceiling})"
     )
+
+
+def ceiling_retry_scale(index: int, max_attempts: int) -> int:
+    """How many times the overflow of attempt `index` (0-based) the next retry removes:
+    1 within the reference's attempts, then doubling."""
+    return 1 if index < max_attempts - 1 else 2 ** (index - max_attempts + 2)
 
 
 # --------------------------------------------------------------------------- recall block

@@ -47,7 +47,11 @@ def configured_keep_ratio(config: PFlashConfig, prompt_tokens: int) -> float:
 # ------------------------------------------------------------------ budget over droppable tokens
 
 GateReason = Literal[
-    "mode_off", "always", "droppable_at_least_threshold", "droppable_below_threshold"
+    "mode_off",
+    "always",
+    "droppable_at_least_threshold",
+    "droppable_below_threshold",
+    "exceeds_context",
 ]
 
 
@@ -110,6 +114,18 @@ def fits_context(
     return target_estimate(prompt_tokens, drafter_tokens, n_tokens) + max_output <= max_ctx
 
 
+def fitting_keep_ratio(
+    prompt_tokens: int, kept_tokens: int, n_tokens: int, max_ctx: int, max_output: int
+) -> float:
+    """The largest r0 whose ceiling, floor(prompt_tokens * r), leaves room for max_output
+    (at least 1) in the context: a prompt longer than the context is compressed to fit
+    rather than refused. Inverts r = (K + r0 (S - K) + 1) / S; 0 when only the pins fit."""
+    room = (max_ctx - max(1, max_output)) / prompt_tokens  # the largest r that fits
+    if n_tokens <= kept_tokens:
+        return 0.0
+    return max(0.0, (room * n_tokens - kept_tokens - 1.0) / (n_tokens - kept_tokens))
+
+
 def context_fit_failure(
     need: int, max_output: int, max_ctx: int | None, has_system: bool
 ) -> CompressionFailed:
@@ -161,7 +177,8 @@ def plan_budget(
     Order (reference §5.7): K with every pin; if that does not fit the context, drop the
     instruction-role pins (they become ordinary scored context) and recount; if the required
     and system pins alone do not fit, fail with `CompressionFailed("context_fit")` - PFlash
-    never compresses a system prompt. Then the gate, then r, budget and ceiling.
+    never compresses a system prompt's instructions (its documents are not pins, §5.5). Then
+    the gate, then r, budget and ceiling.
     """
     if n_tokens <= 0:
         raise ValueError(f"n_tokens must be positive, got {n_tokens}")
@@ -185,17 +202,22 @@ def plan_budget(
             )
 
     droppable = prompt_tokens - target_estimate(prompt_tokens, k, n_tokens)
+    over_context = max_ctx is not None and 0 < max_ctx < prompt_tokens + max(1, max_output)
     reason: GateReason
     if mode == "off":
         compress, reason = False, "mode_off"
     elif mode == "always":
         compress, reason = True, "always"
+    elif mode == "auto" and over_context:
+        compress, reason = True, "exceeds_context"  # served whole it cannot run at all
     elif mode == "auto":
         compress = droppable >= threshold
         reason = "droppable_at_least_threshold" if compress else "droppable_below_threshold"
     else:
         raise ValueError(f"mode must be off, auto or always, got {mode!r}")
 
+    if over_context:
+        r0 = min(r0, fitting_keep_ratio(prompt_tokens, k, n_tokens, max_ctx, max_output))
     r = effective_keep_ratio(r0, k, n_tokens)
     return BudgetPlan(
         r0=r0,

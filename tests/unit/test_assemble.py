@@ -8,8 +8,10 @@ from hypothesis import strategies as st
 
 from pflash.compress.assemble import (
     CUT_MARKER,
+    EXTRA_CEILING_ATTEMPTS,
     Assembly,
     assemble,
+    ceiling_retry_scale,
     clean_excerpt,
     cut_marker_drafter_tokens,
     fit_ceiling,
@@ -215,7 +217,7 @@ def test_join_overhead_does_not_count_against_the_ceiling():
     assert fit.assembly.n_target_tokens == 112
 
 
-def test_still_over_after_three_attempts_fails_with_counts():
+def test_still_over_after_every_attempt_fails_with_counts():
     calls: list[float] = []
 
     def attempt(r: float) -> Assembly:
@@ -226,7 +228,7 @@ def test_still_over_after_three_attempts_fails_with_counts():
         fit_ceiling(attempt, 0.2, 5253)
     assert err.value.stage == "ceiling"
     assert "final prompt exceeds target-token ceiling (5300 > 5253)" in str(err.value)
-    assert len(calls) == 3
+    assert len(calls) == 3 + EXTRA_CEILING_ATTEMPTS
 
 
 def test_overflow_past_half_the_ceiling_stops_without_retry():
@@ -248,11 +250,14 @@ def _size_functions():
         st.integers(0, 20_000),
         st.integers(0, 300),
     )
-    scripted = st.lists(st.integers(0, 20_000), min_size=3, max_size=3).map(
+    scripted = st.lists(st.integers(0, 20_000), min_size=9, max_size=9).map(
         lambda xs: lambda r, k: xs[k]
     )
     inverse = st.integers(1, 5_000).map(lambda a: lambda r, k: int(a / max(r, 1e-9)))
     return st.one_of(scaled, scripted, inverse)
+
+
+TOTAL = 3 + EXTRA_CEILING_ATTEMPTS
 
 
 @settings(max_examples=300, deadline=None)
@@ -275,20 +280,33 @@ def test_fit_ceiling_never_returns_a_prompt_over_the_ceiling(size, r_requested, 
     except CompressionFailed as err:
         assert err.stage == "ceiling"
         assert all(counted > ceiling for _, counted in calls)
-        last = calls[-1][1]
-        assert len(calls) == 3 or ceiling - (last - ceiling) - 1 <= 0
+        last, k = calls[-1][1], len(calls) - 1
+        assert (
+            len(calls) == TOTAL or ceiling - (last - ceiling) * ceiling_retry_scale(k, 3) - 1 <= 0
+        )
         assert f"({last} > {ceiling})" in str(err)
     else:
         assert fit.assembly.ceiling_tokens <= ceiling
         assert fit.attempts == len(calls)
         assert fit.r_used == calls[-1][0]
         assert all(counted > ceiling for _, counted in calls[:-1])
-    assert 1 <= len(calls) <= 3
+    assert 1 <= len(calls) <= TOTAL
     assert calls[0][0] == r_requested
-    for (_, counted), (r_next, _) in zip(calls, calls[1:], strict=False):
-        tightened = ceiling - (counted - ceiling) - 1
+    for k, ((_, counted), (r_next, _)) in enumerate(zip(calls, calls[1:], strict=False)):
+        tightened = ceiling - (counted - ceiling) * ceiling_retry_scale(k, 3) - 1
         assert tightened > 0
         assert r_next == r_requested * tightened / ceiling
+
+
+def test_a_one_token_overflow_that_retries_cannot_fix_escalates_until_a_chunk_goes():
+    # 64-token chunks: lowering r by 1/520 keeps the same chunks, so the reference's three
+    # attempts all measured 521 > 520 (a 500 to the client); doubling the overflow drops one
+    def attempt(r: float) -> Assembly:
+        chunks = int(r * 520 / 0.1 / 64 + 1e-9)  # chunks the budget at r buys
+        return fake_assembly(chunks * 64 + 9)  # 8 chunks + a 9-token header = 521
+
+    fit = fit_ceiling(attempt, 0.1, 520)
+    assert fit.assembly.ceiling_tokens <= 520 and fit.attempts > 3
 
 
 # --------------------------------------------------------------------------- recall text

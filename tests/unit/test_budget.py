@@ -179,6 +179,22 @@ def test_auto_compresses_when_droppable_reaches_threshold():
     assert plan.reason == "droppable_at_least_threshold"
 
 
+def test_auto_compresses_a_prompt_over_the_context_to_fit_even_below_the_threshold():
+    # 10,000 tokens on a 4,096-token context: served whole it cannot run at all
+    plan = _fit_plan(mode="auto", threshold=10**9, instruction_role=(), r0=0.5)
+    assert plan.compress and plan.reason == "exceeds_context"
+    assert plan.ceiling + 1000 <= 4096  # the context minus max_tokens
+    assert plan.r0 < 0.5
+    fitting = _fit_plan(mode="auto", threshold=10**9, instruction_role=(), max_ctx=20_000)
+    assert not fitting.compress and fitting.reason == "droppable_below_threshold"
+    assert fitting.r0 == 0.05  # a prompt that fits keeps its configured ratio
+
+
+def test_a_ratio_that_would_overflow_the_context_is_lowered_in_always_mode_too():
+    plan = _fit_plan(mode="always", instruction_role=(), r0=0.9)
+    assert plan.ceiling + 1000 <= 4096 and plan.budget >= plan.kept_tokens
+
+
 def test_always_and_off_ignore_the_threshold():
     assert _fit_plan(max_ctx=None, mode="always", threshold=10**9).compress
     off = _fit_plan(max_ctx=None, mode="off", threshold=0)

@@ -405,3 +405,20 @@ def test_chunks_cover_the_new_tokens_and_cut_at_the_checkpoint():
         (42, 50),
     ]
     assert drafter_mod.chunk_bounds(50, 50, 16) == []
+
+
+def test_concurrent_requests_score_as_if_one_after_the_other():
+    # Serve runs the deployment's sync `score` on a thread pool: two passes at once used to
+    # share the tap hook, and one ended with KeyError 'x' (a 500 under concurrent load)
+    from concurrent.futures import ThreadPoolExecutor
+
+    scorer = make_scorer("llama")
+    requests = [
+        ScoreRequest(ids=random_ids(70, seed=s), windows=WINDOWS, query=WINDOWS[0].span)
+        for s in range(6)
+    ]
+    alone = [scorer(r).mass for r in requests]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        together = list(pool.map(lambda r: scorer(r).mass, requests))
+    for a, b in zip(alone, together, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -38,11 +38,20 @@ def decoder_of(model):
 
 
 def run_trunk_chunk(
-    model, ids: torch.Tensor, start: int, cache, *, tap_layer: int, stop_at_tap: bool
+    model,
+    ids: torch.Tensor,
+    start: int,
+    cache,
+    *,
+    tap_layer: int,
+    stop_at_tap: bool,
+    attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run one chunk `ids` [c] at positions [start, start+c) and return the hidden states
     entering layer `tap_layer`, [c, hidden]. The cache grows by c tokens for every layer
-    that ran. With `stop_at_tap`, layer `tap_layer` and everything after it are skipped."""
+    that ran. With `stop_at_tap`, layer `tap_layer` and everything after it are skipped.
+    `attention_mask`: a prepared 4D mask against the cache's keys (windowed attention,
+    `pflash.models.drafter.window.chunk_mask`); None = the model's own causal mask."""
     decoder = decoder_of(model)
     captured: dict[str, torch.Tensor] = {}
 
@@ -54,7 +63,13 @@ def run_trunk_chunk(
     handle = decoder.layers[tap_layer].register_forward_pre_hook(grab, with_kwargs=True)
     positions = torch.arange(start, start + ids.shape[0]).unsqueeze(0)  # [1, c]
     try:
-        decoder(input_ids=ids.unsqueeze(0), position_ids=positions, cache=cache, use_cache=True)
+        decoder(
+            input_ids=ids.unsqueeze(0),
+            attention_mask=attention_mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+        )
     except _ReachedScoringLayer:
         pass
     finally:

@@ -10,7 +10,10 @@ Reading order, top-down (1 in `profile.py`, 2-5 in `attention.py`, 6 here):
    head at 57% of depth, layer 17 of SmolLM2's 30, measured by `pflash.bench.drafter_speed`).
 2. `run_trunk_chunk`: the model's own forward over one chunk of tokens with a KV cache,
    stopped by a pre-hook when it reaches layer L, so layers after the scoring layer are
-   never computed and memory grows linearly with the prompt.
+   never computed and memory grows linearly with the prompt. With `drafter_attention:
+   window` (`window.py`) layers 0..L-1 attend to the first sink tokens and a sliding
+   window only (a 4D mask per chunk, a KV cache that evicts what no later query reads), so
+   time is linear and the cache bounded; layer L's NoPE Q/K still cover every token.
 3. `head_keys` / `head_queries`: layer L's `input_layernorm`, `k_proj`/`q_proj` (or the
    trained head's weights), `k_norm`/`q_norm`, no rotary: the NoPE head (§3.3 steps 1, 3).
 4. `window_mass`: per window, softmax over the visible keys per (head, row) in fp32,
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -74,11 +78,13 @@ from pflash.models.drafter.sessions import (
     SessionTable,
     cache_has_recurrent_state,
     cache_is_croppable,
+    cache_resume_floor,
     crop_cache,
     plan_resume,
     restore_recurrent,
     snapshot_recurrent,
 )
+from pflash.models.drafter.window import WindowSpec, chunk_mask, is_windowed, windowed_cache
 from pflash.models.loading import LoadedModel, load_causal_lm, resolve_device
 from pflash.spans import Span
 
@@ -115,6 +121,9 @@ class DrafterScorer:
 
     def __init__(self, config: DrafterScorerPart, loaded: LoadedModel | None = None):
         self.config = config
+        # One pass at a time: passes share the layer hooks that capture the tap (a second
+        # pass's hook grabs the first's tensor and stops it) and the session table.
+        self._one_pass = threading.Lock()
         self.loaded = (
             loaded
             if loaded is not None
@@ -205,9 +214,42 @@ class DrafterScorer:
 
         return DynamicCache(config=self.model.config)
 
+    @property
+    def window(self) -> WindowSpec | None:
+        """The trunk's windowed attention (`drafter_attention: window`), None = dense. The
+        slack lets a session rewind as far as a recurrent checkpoint would (the next turn
+        drops the previous generation prompt)."""
+        if getattr(self.config, "drafter_attention", "dense") != "window":
+            return None
+        return WindowSpec(
+            sink=self.config.drafter_sink_tokens,
+            window=self.config.drafter_window_tokens,
+            slack=CHECKPOINT_TAIL,
+        )
+
+    def new_trunk_cache(self):
+        """The cache of a trunk-only forward (head scorer): windowed when configured; the
+        legacy scorer and look-ahead read every layer's full KV and keep `new_cache`."""
+        spec = self.window
+        return windowed_cache(self.model, spec) if spec is not None else self.new_cache()
+
+    def _trunk_mask(self, cache, start: int, length: int) -> torch.Tensor | None:
+        """The windowed 4D mask for one chunk, or None (the model's causal mask)."""
+        if not is_windowed(cache):
+            return None
+        eager = self.model.config._attn_implementation == "eager"
+        return chunk_mask(
+            cache, start, length, self.window, additive=self.model.dtype if eager else None
+        )
+
     # ------------------------------------------------------------------ contract
     def __call__(self, req: ScoreRequest) -> ScoreResult:
         _validate(req)
+        with self._one_pass:
+            return self._score_checked(req)
+
+    def _score_checked(self, req: ScoreRequest) -> ScoreResult:
+        """One scoring, rescored once from scratch when the scores are not finite."""
         try:
             return self._score(req, use_session=True)
         except NonFiniteScores as first:
@@ -248,11 +290,12 @@ class DrafterScorer:
             croppable=croppable,
             want_tap=req.want_tap,
             keys_from_head=self.head is not None,
+            floor=cache_resume_floor(session.cache) if session is not None else 0,
         )
         if session is not None and plan.resume == 0:
             session = None
         if session is None:
-            cache = self.new_cache()
+            cache = self.new_trunk_cache()
         else:
             cache = session.cache
             self._rewind(session, plan, croppable)
@@ -275,7 +318,9 @@ class DrafterScorer:
             scorer_new_tokens=len(ids) - plan.resume,
             scorer_forward_ms=fwd.ms,
             extras=self._extras(
-                windows=scored, skipped_windows=[s.as_list() for s in plan.skipped]
+                windows=scored,
+                skipped_windows=[s.as_list() for s in plan.skipped],
+                drafter_attention="window" if is_windowed(cache) else "dense",
             ),
         )
 
@@ -427,6 +472,7 @@ class DrafterScorer:
                         cache,
                         tap_layer=self.profile.head_layer,
                         stop_at_tap=True,
+                        attention_mask=self._trunk_mask(cache, a, b - a),
                     )
                 x = x.float()  # [c, hidden]
                 out.keys.append(head_keys(self.layer, x, n_kv=self.n_kv, head=self.head))

@@ -14,8 +14,10 @@ session keeps, for the prompt it last scored:
   recurrent state at `max(resume, S - 64)`, so the next turn, which shares the prompt up
   to where the previous generation prompt began, resumes there.
 
-Attention-only caches are cut back to any shared prefix (`crop`); recurrent caches resume
-only at their full prefix or at the checkpoint. The resume decision (`plan_resume`) is a
+Attention-only caches are cut back to any shared prefix (`crop`); a windowed cache
+(`drafter_attention: window`, `window.py`) to any shared prefix whose window it still holds
+(it keeps `CHECKPOINT_TAIL` tokens of slack for that); recurrent caches resume only at
+their full prefix or at the checkpoint. The resume decision (`plan_resume`) is a
 pure function of the session and the request; the table is an LRU keyed by the
 conversation key (`ScoreRequest.session_key`).
 """
@@ -132,11 +134,14 @@ def plan_resume(
     croppable: bool,
     want_tap: bool,
     keys_from_head: bool,
+    floor: int = 0,
 ) -> ResumePlan:
     """Decide the resume point for `ids` (§6.4).
 
-    croppable (attention-only cache): any shared prefix. Otherwise the full previous prompt
-    when it is a prefix, else the recurrent checkpoint when it lies within the shared part.
+    croppable (attention-only cache): any shared prefix at or after `floor` (a windowed
+    cache, `cache_resume_floor`, cannot return before what it evicted), else from scratch.
+    Otherwise the full previous prompt when it is a prefix, else the recurrent checkpoint
+    when it lies within the shared part (and at or after `floor`).
     A main or turn window that starts before the resume point needs its exact rows stored
     (computed on the shared prefix), else the resume point moves back to it; a history
     window without stored rows is skipped.
@@ -152,10 +157,10 @@ def plan_resume(
         nonlocal on_checkpoint
         if croppable:
             on_checkpoint = False
-            return limit
+            return limit if limit >= floor or limit >= len(session.ids) else 0
         if limit >= len(session.ids) and shared == len(session.ids):
             return len(session.ids)
-        if checkpoint is not None and checkpoint.position <= min(limit, shared):
+        if checkpoint is not None and floor <= checkpoint.position <= min(limit, shared):
             on_checkpoint = True
             return checkpoint.position
         on_checkpoint = False
@@ -213,12 +218,25 @@ def cache_has_recurrent_state(cache) -> bool:
     return has_linear and not any(isinstance(layer, DynamicSlidingWindowLayer) for layer in layers)
 
 
+def cache_resume_floor(cache) -> int:
+    """The shortest prefix the cache can be cut back to exactly: 0 for a full KV cache; for
+    a windowed one (`SinkWindowLayer`) the first position whose window it still holds."""
+    from pflash.models.drafter.window import window_layers
+
+    return max((layer.resume_floor() for layer in window_layers(cache)), default=0)
+
+
 def crop_cache(cache, length: int) -> None:
     """Cut the attention KV of every layer back to the first `length` tokens."""
     from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
+    from pflash.models.drafter.window import SinkWindowLayer
+
     for layer in cache.layers:
         if isinstance(layer, LinearAttentionCacheLayerMixin):
+            continue
+        if isinstance(layer, SinkWindowLayer):
+            layer.crop_to(length)
             continue
         if isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys is not None:
             extra = layer.keys.shape[-2] - length
