@@ -9,6 +9,7 @@ given. Positions are drafter tokens over the plan's encoding of the prompt text.
 from __future__ import annotations
 
 from pflash.compress.chat import ChatInput, ChatLayout
+from pflash.compress.passages import passages
 from pflash.compress.rerender import Rerender, deletion_span, with_content
 from pflash.spans import Span, TokenizedText
 
@@ -18,9 +19,15 @@ def instruction_spans(
     chat: ChatInput | None,
     rerender: Rerender | None,
     layout: ChatLayout | None,
+    passage_chars: int | None = None,
 ) -> tuple[list[Span], list[Span]]:
     """(system, instruction_role) spans (§5.5): each non-empty system message → system;
     each developer message and the tool definitions → instruction_role.
+
+    With `passage_chars`, documents inside a system or developer message (tagged blocks,
+    code fences, "Context:" sections, very long paragraphs: `compress.passages`) are left
+    out of its pins, so they are scored and dropped like user context; None pins every
+    message whole, as the reference does.
 
     The messages are located together by one wrapped rendering (`Rerender.contents`). A
     later message the marker parse frames as its own turn of the same role pins that whole
@@ -52,14 +59,43 @@ def instruction_spans(
                 chars = with_content(
                     drafter.text, deletion_span(drafter.text, *block), message["content"].strip()
                 )
-        if chars is not None:
-            group = system if message["role"] == "system" else instruction_role
-            group.append(drafter.token_span(*chars))
+        if chars is None:
+            continue
+        group = system if message["role"] == "system" else instruction_role
+        content = None
+        if passage_chars is not None and len(message["content"]) >= passage_chars:
+            content = located[k] if located is not None else rerender.content_chars(k)
+        for begin, end in _without_passages(drafter.text, chars, content, passage_chars):
+            group.append(drafter.token_span(begin, end))
     if chat.tools:
         chars = rerender.tools_chars()
         if chars is not None:
             instruction_role.append(drafter.token_span(*chars))
     return system, instruction_role
+
+
+def _without_passages(
+    text: str,
+    chars: tuple[int, int],
+    content: tuple[int, int] | None,
+    passage_chars: int | None,
+) -> list[tuple[int, int]]:
+    """The pinned characters `chars` of one message minus the passages of its `content`
+    (both prompt-text characters); whitespace-only pieces are dropped."""
+    if content is None or passage_chars is None:
+        return [chars]
+    cb, ce = content
+    cut = [(cb + b, cb + e) for b, e in passages(text[cb:ce], passage_chars)]
+    if not cut:
+        return [chars]
+    pieces, at = [], chars[0]
+    for b, e in cut:
+        if b > at:
+            pieces.append((at, min(b, chars[1])))
+        at = max(at, e)
+    if at < chars[1]:
+        pieces.append((at, chars[1]))
+    return [(b, e) for b, e in pieces if e > b and text[b:e].strip()]
 
 
 def pinned_indices(chat: ChatInput) -> list[int]:

@@ -273,7 +273,15 @@ def plan_prompt(
         question = question_tail(drafter, content_chars, config.chat_question_pin_tokens)
         if question is not None:
             required.append(question)
-    system, instruction_role = instruction_spans(drafter, chat, rerender, layout)
+    system, instruction_role = instruction_spans(
+        drafter,
+        chat,
+        rerender,
+        layout,
+        passage_chars=config.system_passage_chars
+        if config.system_documents == "compress"
+        else None,
+    )
     if layout is not None:
         instruction_role = _add_skeleton(
             instruction_role,

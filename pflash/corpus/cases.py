@@ -22,6 +22,9 @@ Families (RULER / SCBench shaped; `FAMILIES`):
 - `multi_turn`: one shared document with three needles early, middle and late, asked in
   three follow-up turns (SCBench style: each turn's evidence lies elsewhere).
 - `placement`: a single needle with the question before or inside the document.
+- `system_document`: a single needle in a document that a RAG app put in the **system**
+  message (`<documents>` tags around it, instructions before and after); the user message
+  is only the question.
 
 Every generator is a pure function of its `CaseSpec` and a token counter: the same spec
 gives the same case, byte for byte. Lengths are target-token counts of the rendered prompt
@@ -36,14 +39,14 @@ import re
 import string
 import sysconfig
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
 CountTokens = Callable[[str], int]
-Placement = Literal["before", "inside", "after"]
+Placement = Literal["before", "inside", "after", "system"]
 
 LICENSE_DIR = Path("/usr/share/common-licenses")
 LICENSE_FILES = (
@@ -61,6 +64,11 @@ RESERVE_TOKENS = 64  # chat template, instructions and question around the docum
 MAX_PARAGRAPH_CHARS = 1500  # longer paragraphs are split at sentence ends
 
 INSTRUCTION = "Read the document below and answer the question based only on it."
+SYSTEM_RULES = (
+    "You are a careful assistant. Answer the user's question using only the documents "
+    "below, and say so when they do not contain the answer."
+)
+SYSTEM_CLOSING = "Answer in one short sentence."
 
 
 # --------------------------------------------------------------------------- cases
@@ -138,6 +146,16 @@ class BenchCase:
         self, turn: int, replies: Sequence[str] = (), document: str | None = None
     ) -> list[dict]:
         """The chat up to `turn`: earlier questions with the target's earlier `replies`."""
+        if self.spec.placement == "system":
+            doc = self.document if document is None else document
+            system = f"{SYSTEM_RULES}\n\n<documents>\n{doc}\n</documents>\n\n{SYSTEM_CLOSING}"
+            out = [{"role": "system", "content": system}]
+            for t in range(turn + 1):
+                out.append({"role": "user", "content": self.turns[t].question})
+                if t < turn:
+                    reply = replies[t] if t < len(replies) else ""
+                    out.append({"role": "assistant", "content": reply})
+            return out
         out: list[dict] = []
         for t in range(turn + 1):
             out.append({"role": "user", "content": self.user_content(t, document)})
@@ -508,6 +526,11 @@ def placement(spec: CaseSpec, count: CountTokens) -> BenchCase:
     return single_needle(spec, count)
 
 
+def system_document(spec: CaseSpec, count: CountTokens) -> BenchCase:
+    """A single needle in a document inside the system message (a RAG app's layout)."""
+    return single_needle(replace(spec, placement="system"), count)
+
+
 FAMILIES: dict[str, Callable[[CaseSpec, CountTokens], BenchCase]] = {
     "single_needle": single_needle,
     "multi_key": multi_key,
@@ -518,6 +541,7 @@ FAMILIES: dict[str, Callable[[CaseSpec, CountTokens], BenchCase]] = {
     "code_retrieval": code_retrieval,
     "multi_turn": multi_turn,
     "placement": placement,
+    "system_document": system_document,
 }
 
 
@@ -548,7 +572,12 @@ class SuitePlan:
                 place: Placement = "after"
                 if family == "placement":
                     place = self.placements[i % len(self.placements)]
-                with_depth = family in ("single_needle", "multi_key", "placement")
+                with_depth = family in (
+                    "single_needle",
+                    "multi_key",
+                    "placement",
+                    "system_document",
+                )
                 out.append(
                     CaseSpec(
                         family,
