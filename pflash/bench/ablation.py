@@ -37,6 +37,9 @@ from pflash.corpus.cases import BenchCase
 # Keys that change what the drafter computes: variants differing in these need their own pass.
 DRAFTER_KEYS = (
     "drafter",
+    "drafter_attention",
+    "drafter_window_tokens",
+    "drafter_sink_tokens",
     "drafter_head_layer",
     "drafter_lookahead_tokens",
     "drafter_lookahead_weight",

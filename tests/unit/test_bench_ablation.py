@@ -36,6 +36,8 @@ def test_selection_only_variants_share_a_drafter_pass_and_drafter_changes_do_not
     c = variant("c", drafter_lookahead_tokens=8)
     assert a.drafter_key(base) == b.drafter_key(base)
     assert c.drafter_key(base) != a.drafter_key(base)
+    for key, value in (("drafter_attention", "window"), ("drafter_window_tokens", 512)):
+        assert variant("w", **{key: value}).drafter_key(base) != a.drafter_key(base), key
 
 
 @pytest.mark.model
