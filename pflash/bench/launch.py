@@ -126,6 +126,9 @@ class ServeCluster:
             "RAY_AUTH_MODE": "disabled",
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_metrics_report_interval_ms": str(metrics_report_ms),
+            # the raylet's registration wait (30 s by default) ran out on a loaded 2-core
+            # machine: `ray start` failed and a whole test module errored
+            "RAY_raylet_start_wait_time_s": os.environ.get("RAY_raylet_start_wait_time_s", "120"),
             "PYTHONPATH": str(ROOT),
             "TOKENIZERS_PARALLELISM": "false",
         }
