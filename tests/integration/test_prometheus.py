@@ -250,10 +250,13 @@ def scraped(stack):
             _query(stack, "sum by (compressed) (ray_pflash_requests_total)"), "compressed"
         )
         compressions = _query(stack, "sum(ray_pflash_compression_seconds_count)")
-        done = requests == {"true": 1.0, "false": 1.0} and compressions
+        # Each actor reports its own counters on its own cycle: the ingress's error counter
+        # can reach Prometheus a scrape after the request counters.
+        errors = _query(stack, "sum(ray_pflash_errors_total)")
+        done = requests == {"true": 1.0, "false": 1.0} and compressions and errors
         return (requests, float(compressions[0]["value"][1])) if done else None
 
-    return _wait("Prometheus to see both requests", counts, stack.deadline, [])
+    return _wait("Prometheus to see both requests and the error", counts, stack.deadline, [])
 
 
 def test_prometheus_counts_requests_by_compressed_label(scraped):
