@@ -40,7 +40,7 @@ from pflash.compressor import (
     unwrap_remote_error,
 )
 from pflash.config import PFlashConfig, build_config
-from pflash.errors import CompressionFailed, PFlashError
+from pflash.errors import CompressionFailed, PFlashError, StageUnavailable
 from pflash.models.source import load_tokenizer
 from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta
 from pflash.tenants import tenant_for
@@ -74,11 +74,7 @@ def error_envelope(
     headers = {"x-request-id": request_id} if request_id else {}
     if status >= 500:
         message = body["error"]["message"]
-        public = (
-            f"pflash {err.stage} failed"
-            if isinstance(err, CompressionFailed)
-            else message.split(":", 1)[0]
-        )
+        public = api.public_message(err)
         body["error"]["message"] = f"{public} (request id {request_id})" if request_id else public
         log.error(
             "request %s failed (%d): %s",
@@ -228,7 +224,8 @@ class Ingress:
             self.compressor.trace = self.trace
 
     async def _target_context(self) -> int:
-        info = await self.target.info.remote()
+        async with asyncio.timeout(self.config.remote_call_timeout_s):
+            info = await self.target.info.remote()
         return int(info["max_context"])
 
     # ------------------------------------------------------------------ routes
@@ -418,13 +415,26 @@ class Ingress:
         self.metrics.record("pflash_kept_tokens", len(compressed.served_ids))
         self.metrics.record("pflash_keep_ratio", len(compressed.served_ids) / max(1, prompt_n))
 
-    def _generation(
+    async def _generation(
         self, compressed: Compressed, params: SamplingParams, key: str, cut: int | None
-    ):
+    ) -> AsyncIterator[Any]:
+        """The target's events, each within `remote_call_timeout_s` of the one before (the
+        first within it of the call): a hung target is a 504 naming it, not a held request."""
         # the target scopes its prefix snapshots by tenant (the conversation key's prefix)
-        return self.target.options(stream=True, session_id=key).generate.remote(
+        events = self.target.options(stream=True, session_id=key).generate.remote(
             list(compressed.served_ids), params, cut, key, tenant_of(key)
         )
+        gap_s = self.config.remote_call_timeout_s
+        while True:
+            try:
+                async with asyncio.timeout(gap_s):
+                    event = await events.__anext__()
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                events.cancel()
+                raise StageUnavailable("target", TimeoutError(f"no event for {gap_s} s")) from None
+            yield event
 
     async def _respond(self, req, kind, meta, served: Served, params, key, started) -> dict:
         text: list[str] = []

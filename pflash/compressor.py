@@ -54,7 +54,7 @@ from pflash.compress.rendered import (
 from pflash.compress.scoring import ScoreRequest, ScoreResult
 from pflash.compress.segments import ProbeParams
 from pflash.config import PFlashConfig
-from pflash.errors import CompressionFailed, InvalidRequest
+from pflash.errors import CompressionFailed, InvalidRequest, StageUnavailable, runtime_failure
 from pflash.views.decision import View, decide_view, served_result
 from pflash.views.keys import view_keys
 
@@ -170,7 +170,13 @@ class Compressor:
         else:
             r0 = configured_keep_ratio(config, len(prompt.ids))
             if config.adaptive_keep and request.session_id:
-                r0 = await self._store_call("keep_ratio", request.conversation, r0, default=r0)
+                r0 = await self._store_call(
+                    "keep_ratio",
+                    request.conversation,
+                    r0,
+                    default=r0,
+                    timeout_s=config.store_call_timeout_s,
+                )
             inp = PromptInput(
                 prompt_ids=prompt.ids,
                 messages=prompt.messages,
@@ -218,7 +224,14 @@ class Compressor:
         if not config.adaptive_keep:
             return
         r0 = configured_keep_ratio(config, compressed.original_tokens)
-        await self._store_call("report_acceptance", session, accept_rate, r0, default=None)
+        await self._store_call(
+            "report_acceptance",
+            session,
+            accept_rate,
+            r0,
+            default=None,
+            timeout_s=config.store_call_timeout_s,
+        )
 
     def _kw(self, config: PFlashConfig) -> dict[str, Any]:
         return {
@@ -233,14 +246,26 @@ class Compressor:
         if not prepared.compress:
             self.record("pflash_bypasses", reason=prepared.reason)
             return uncompressed(prepared)
+        stage = "drafter"
         try:
-            response = self.scorer(prepared.score_request, request.conversation)
-            boundary = subunit = None
-            if self.probe is not None and prepared.score_request.want_tap:
-                if self._probe_params is None:
-                    self._probe_params = await self.probe.params()
-                boundary, subunit = await self.probe.segment(response)
-            scores = await response
+            # one deadline for the scoring calls: a hung replica fails this request (504)
+            # instead of holding it until request_timeout_s
+            async with asyncio.timeout(config.remote_call_timeout_s):
+                response = self.scorer(prepared.score_request, request.conversation)
+                boundary = subunit = None
+                if self.probe is not None and prepared.score_request.want_tap:
+                    try:
+                        if self._probe_params is None:
+                            self._probe_params = await self.probe.params()
+                        boundary, subunit = await self.probe.segment(response)
+                    except Exception:
+                        # the probe reads the drafter's response: when the drafter failed,
+                        # the probe only reports that an input died; the drafter's own error
+                        # is the cause (raised here), otherwise the probe itself failed
+                        await response
+                        stage = "probe"
+                        raise
+                scores = await response
             result = await self.offload(
                 finish,
                 prepared,
@@ -253,7 +278,7 @@ class Compressor:
             )
         except Exception as exc:
             err = unwrap_remote_error(exc)
-            stage = err.stage if isinstance(err, CompressionFailed) else "drafter"
+            stage = err.stage if isinstance(err, CompressionFailed) else stage
             self.record("pflash_errors", stage=stage)
             if scorer_failure_action(stage, config) == "bypass":
                 log.warning(
@@ -263,7 +288,9 @@ class Compressor:
                 return uncompressed(prepared)
             if isinstance(err, CompressionFailed):
                 raise err from None
-            raise CompressionFailed("drafter", f"{type(err).__name__}: {err}") from None
+            if runtime_failure(err) is not None:  # overload, a lost replica: retryable
+                raise StageUnavailable(stage, err) from None
+            raise CompressionFailed(stage, f"{type(err).__name__}: {err}") from None
         self.record("pflash_compression_seconds", result.stats.get("compress_ms", 0.0) / 1000.0)
         self.record("pflash_drafter_forward_seconds", scores.scorer_forward_ms / 1000.0)
         return result
@@ -275,7 +302,9 @@ class Compressor:
         drafter only when the decision needs a fresh compression, remember the new view."""
         tenant = request.tenant
         keys = view_keys(prepared, self.target_tokenizer, self.drafter_tokenizer)
-        view = await self._store_call("lookup", tenant, keys, default=None)
+        view = await self._store_call(
+            "lookup", tenant, keys, default=None, timeout_s=request.config.store_call_timeout_s
+        )
 
         def decide(fresh):
             return decide_view(
@@ -294,7 +323,12 @@ class Compressor:
             fresh = await self._fresh(prepared, request)
             decision = await self.offload(decide, fresh)
         if decision.view is not None:
-            await self._store_call("remember", decision.view, default=None)
+            await self._store_call(
+                "remember",
+                decision.view,
+                default=None,
+                timeout_s=request.config.store_call_timeout_s,
+            )
         self.record("pflash_view_outcomes", mode=decision.mode)
         if decision.recalled_tokens:
             self.record("pflash_recalled_tokens", decision.recalled_tokens)
@@ -302,12 +336,16 @@ class Compressor:
             self.record("pflash_rebuilds", reason=decision.reason or "rebuild")
         return served_result(decision, prepared, fresh), decision.snapshot_cut
 
-    async def _store_call(self, method: str, *args: Any, default: Any) -> Any:
-        """Views are a cache: a failed store call means "no view", never a failed request."""
+    async def _store_call(
+        self, method: str, *args: Any, default: Any, timeout_s: float | None = None
+    ) -> Any:
+        """Views are a cache: a failed or slow store call (past `timeout_s`,
+        `store_call_timeout_s`) means "no view", never a failed request."""
         if self.store is None:
             return default
         try:
-            return await getattr(self.store, method)(*args)
+            async with asyncio.timeout(timeout_s):
+                return await getattr(self.store, method)(*args)
         except Exception as exc:
             log.warning("session store %s failed (%s); continuing without it", method, exc)
             return default

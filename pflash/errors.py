@@ -20,6 +20,11 @@ class PFlashError(Exception):
         self.param = param
         self.code = code
 
+    @property
+    def public_message(self) -> str:
+        """What a client is told when this is a 5xx: no internals (the log has the rest)."""
+        return self.message
+
 
 class ConfigError(PFlashError, ValueError):
     """An invalid configuration value. The message names the key, the value and what is allowed."""
@@ -73,6 +78,74 @@ class CompressionFailed(PFlashError):
         if client_error:
             self.http_status = 400
             self.error_type = "invalid_request_error"
+
+    @property
+    def public_message(self) -> str:
+        return f"pflash {self.stage} failed"
+
+
+# Failures of the serving runtime, matched by class name so pflash/ needs no Ray import:
+# name -> (status, error type, code, what the client is told). Walked along the MRO.
+RUNTIME_FAILURES: dict[str, tuple[int, str, str, str]] = {
+    "BackPressureError": (
+        503,
+        "overloaded_error",
+        "backpressure",
+        "server overloaded, retry later",
+    ),
+    "DeploymentUnavailableError": (
+        503,
+        "service_unavailable",
+        "replica_unavailable",
+        "service unavailable",
+    ),
+    "ReplicaUnavailableError": (
+        503,
+        "service_unavailable",
+        "replica_unavailable",
+        "service unavailable",
+    ),
+    "RayActorError": (
+        503,
+        "service_unavailable",
+        "replica_unavailable",
+        "a model replica died, retry",
+    ),
+    "TimeoutError": (504, "timeout_error", "timeout", "timed out"),
+}
+
+
+def runtime_failure(exc: BaseException) -> tuple[int, str, str, str] | None:
+    """The `RUNTIME_FAILURES` entry of `exc` (overload, a lost replica, a deadline), if any."""
+    return next(
+        (RUNTIME_FAILURES[c.__name__] for c in type(exc).__mro__ if c.__name__ in RUNTIME_FAILURES),
+        None,
+    )
+
+
+class StageUnavailable(CompressionFailed):
+    """A stage could not run because the runtime could not give it a replica in time
+    (overload, a replica that died, a deadline). Still fail closed — nothing is served
+    uncompressed — but retryable: a 503/504 with Retry-After, not a 500."""
+
+    retry_after_s = 1
+
+    def __init__(self, stage: str, cause: BaseException):
+        status, error_type, code, reason = runtime_failure(cause) or (
+            503,
+            "service_unavailable",
+            "replica_unavailable",
+            "service unavailable",
+        )
+        super().__init__(stage, f"{reason} ({type(cause).__name__}: {cause})")
+        self.http_status = status
+        self.error_type = error_type
+        self.code = f"pflash_{stage}_{code}"
+        self.reason = reason
+
+    @property
+    def public_message(self) -> str:
+        return f"pflash {self.stage} unavailable: {self.reason}"
 
 
 class ModelUnavailable(PFlashError):

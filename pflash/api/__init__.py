@@ -12,7 +12,7 @@ from pflash.api.envelope import (
     ErrorDetail,
     ErrorResponse,
     error_response,
-    sse_error,
+    public_message,
     sse_event,
 )
 from pflash.api.requests import (
@@ -98,8 +98,8 @@ __all__ = [
     "ErrorDetail",
     "ErrorResponse",
     "error_response",
+    "public_message",
     "SSE_DONE",
     "SSE_KEEPALIVE",
     "sse_event",
-    "sse_error",
 ]

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from pflash.api.requests import invalid_request_from
-from pflash.errors import PFlashError
+from pflash.errors import PFlashError, runtime_failure
 
 # ---------------------------------------------------------------------- errors and SSE
 
@@ -29,37 +29,6 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-# Errors of the serving runtime, matched by class name so this module needs no Ray import:
-# (status, type, code, message prefix). Walked along the exception's MRO.
-_RUNTIME_ERRORS: dict[str, tuple[int, str, str, str]] = {
-    "BackPressureError": (
-        503,
-        "overloaded_error",
-        "backpressure",
-        "server overloaded, retry later",
-    ),
-    "DeploymentUnavailableError": (
-        503,
-        "service_unavailable",
-        "replica_unavailable",
-        "service unavailable",
-    ),
-    "ReplicaUnavailableError": (
-        503,
-        "service_unavailable",
-        "replica_unavailable",
-        "service unavailable",
-    ),
-    "RayActorError": (
-        503,
-        "service_unavailable",
-        "replica_unavailable",
-        "a model replica died, retry",
-    ),
-    "TimeoutError": (504, "timeout_error", "timeout", "timed out"),
-}
-
-
 def error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
     """The HTTP status and OpenAI error body for any exception. The only such mapping.
 
@@ -75,14 +44,7 @@ def error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
             ErrorDetail(message=exc.message, type=exc.error_type, param=exc.param, code=exc.code),
         )
     else:
-        known = next(
-            (
-                _RUNTIME_ERRORS[c.__name__]
-                for c in type(exc).__mro__
-                if c.__name__ in _RUNTIME_ERRORS
-            ),
-            None,
-        )
+        known = runtime_failure(exc)
         if known is not None:
             status, error_type, code, prefix = known
             detail = ErrorDetail(
@@ -96,6 +58,15 @@ def error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
     return status, ErrorResponse(error=detail).model_dump()
 
 
+def public_message(exc: BaseException) -> str:
+    """What a client is told about a 5xx: the stage or runtime condition, never the
+    exception's own text (it can name actors, hosts and internals)."""
+    if isinstance(exc, PFlashError):
+        return exc.public_message
+    known = runtime_failure(exc)
+    return known[3] if known else f"internal server error ({type(exc).__name__})"
+
+
 SSE_DONE = "data: [DONE]\n\n"
 SSE_KEEPALIVE = ": keep-alive\n\n"
 
@@ -107,8 +78,3 @@ def sse_event(obj: BaseModel | Mapping[str, Any]) -> str:
     else:
         payload = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
     return f"data: {payload}\n\n"
-
-
-def sse_error(exc: BaseException) -> str:
-    """A mid-stream failure as an SSE event with the error envelope (the status is already sent)."""
-    return sse_event(error_response(exc)[1])

@@ -535,11 +535,13 @@ def _subsequence_survives(kept: list[int], query: list[int], min_fraction: float
 
 def scorer_failure_action(stage: str, config: PFlashConfig) -> str:
     """What to do when compression fails at `stage`: "bypass" (serve the prompt uncompressed,
-    counted) only for a drafter failure and only when the operator chose
-    `on_drafter_error: bypass`; "fail" otherwise. Mapping, selection and ceiling failures
-    always fail: serving a wrongly compressed prompt is never an option, and an uncompressed
-    one only by that explicit choice."""
-    return "bypass" if stage == "drafter" and config.on_drafter_error == "bypass" else "fail"
+    counted) only for a failure of the scoring pass (the drafter, or the segment probe that
+    reads its tap) and only when the operator chose `on_drafter_error: bypass`; "fail"
+    otherwise. Mapping, selection and ceiling failures always fail: serving a wrongly
+    compressed prompt is never an option, and an uncompressed one only by that explicit
+    choice."""
+    scoring = stage in ("drafter", "probe")
+    return "bypass" if scoring and config.on_drafter_error == "bypass" else "fail"
 
 
 # ---------------------------------------------------------------------------- one call

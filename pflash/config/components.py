@@ -455,6 +455,16 @@ class ServerConfig(Component):
         gt=0,
         description="Seconds the ingress spends on one request (compression and generation) before it answers 504; client headers cannot lift it.",
     )
+    remote_call_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Longest the drafter (with the segment probe) may take to score one prompt, and the target to send its first token or the next one, before the request fails with a 504 naming the stage: a hung replica cannot hold requests until request_timeout_s.",
+    )
+    store_call_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Longest one SessionStore call may take; a slower one counts as no view (views are a cache).",
+    )
     trace_path: str | None = Field(None, description="JSONL selection trace path; unset = off.")
     view_trace_path: str | None = Field(
         None, description="JSONL served-prompt trace path; unset = off."

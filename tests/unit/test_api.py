@@ -27,11 +27,11 @@ from pflash.api import (
     error_response,
     parse_chat_request,
     parse_completion_request,
-    sse_error,
+    public_message,
     sse_event,
 )
 from pflash.config import build_config
-from pflash.errors import CompressionFailed, InvalidRequest, ModelUnavailable
+from pflash.errors import CompressionFailed, InvalidRequest, ModelUnavailable, StageUnavailable
 from pflash.models.target.protocol import (
     GenerationTimings,
     SamplingParams,
@@ -794,6 +794,37 @@ def test_pydantic_validation_error_maps_to_400_naming_the_field():
     assert body["error"]["param"] == "top_p"
 
 
-def test_mid_stream_error_is_an_sse_event_with_the_envelope():
-    event = sse_error(UpstreamTimeout("upstream timed out", code="upstream_timeout"))
-    assert sse_payload(event)["error"]["code"] == "upstream_timeout"
+class RayActorError(Exception):
+    """Stands in for ray.exceptions.RayActorError (matched by class name)."""
+
+
+@pytest.mark.parametrize(
+    ("exc", "public"),
+    [
+        (CompressionFailed("drafter", "KeyError: 'tap' at actor 4f2a"), "pflash drafter failed"),
+        (RayActorError("actor 4f2a at 10.0.0.3 died"), "a model replica died, retry"),
+        (RuntimeError("secret internals"), "internal server error (RuntimeError)"),
+        (
+            StageUnavailable("drafter", BackPressureError("num_queued_requests=6 on 10.0.0.3")),
+            "pflash drafter unavailable: server overloaded, retry later",
+        ),
+    ],
+)
+def test_a_5xx_tells_the_client_the_stage_and_condition_but_no_internal_text(exc, public):
+    assert public_message(exc) == public
+
+
+@pytest.mark.parametrize(
+    ("cause", "status", "code"),
+    [
+        (BackPressureError("queue full"), 503, "pflash_drafter_backpressure"),
+        (RayActorError("died"), 503, "pflash_drafter_replica_unavailable"),
+        (TimeoutError(), 504, "pflash_drafter_timeout"),
+    ],
+)
+def test_a_stage_the_runtime_cannot_serve_is_a_retryable_5xx_naming_the_stage(cause, status, code):
+    err = StageUnavailable("drafter", cause)
+    got_status, body = error_response(err)
+    assert (got_status, body["error"]["code"]) == (status, code)
+    assert isinstance(err, CompressionFailed) and err.stage == "drafter"  # still fail closed
+    assert err.retry_after_s >= 1

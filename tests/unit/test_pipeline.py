@@ -251,12 +251,14 @@ def test_legacy_selector_keeps_the_question(smollm2_tokenizer):
     [
         ("drafter", "bypass", "bypass"),
         ("drafter", "fail", "fail"),
+        ("probe", "bypass", "bypass"),
+        ("probe", "fail", "fail"),
         ("selection", "bypass", "fail"),
         ("ceiling", "bypass", "fail"),
         ("query_mapping", "bypass", "fail"),
     ],
 )
-def test_only_drafter_failures_may_bypass_and_only_when_the_operator_chose_it(
+def test_only_scoring_failures_may_bypass_and_only_when_the_operator_chose_it(
     stage, choice, action
 ):
     from pflash.compress.pipeline import scorer_failure_action

@@ -1,0 +1,157 @@
+"""What the compression flow answers when a remote part fails: which stage it names, whether
+the client may retry, and that nothing asked to compress is served uncompressed.
+
+The drafter and probe here are stand-ins that fail the way Ray's do (matched by class name,
+as the flow matches them); the tokenizer, rendering and planning are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from pflash import api
+from pflash.compressor import Compressor, LocalStore, compression_request, render_request
+from pflash.config import build_config
+from pflash.errors import CompressionFailed, StageUnavailable
+from pflash.views.store import ViewStore
+
+DOCUMENT = " ".join(f"Clause {i} says the licensee keeps the notice intact." for i in range(300))
+
+
+class ActorDiedError(Exception):
+    """Stands in for ray.exceptions.ActorDiedError, a RayActorError."""
+
+
+class RayActorError(Exception):
+    pass
+
+
+class DrafterDied(ActorDiedError, RayActorError):
+    pass
+
+
+class RayServeException(Exception):
+    """What a replica reports when one of its inputs came from an actor that died."""
+
+
+class BackPressureError(Exception):
+    pass
+
+
+def _failing_scorer(exc: Exception):
+    def score(request, conversation):
+        future = asyncio.get_running_loop().create_future()
+        future.set_exception(exc)
+        return future
+
+    return score
+
+
+class _ProbeOfADeadInput:
+    """A probe replica whose input (the drafter's response) never arrived."""
+
+    async def params(self):
+        return None
+
+    async def segment(self, scored):
+        try:
+            await scored
+        except Exception:
+            raise RayServeException(
+                "an upstream actor died before finishing a dependent task"
+            ) from None
+        raise AssertionError("unreachable in these tests")
+
+
+def _run(scorer, probe, tokenizer, store=None, **overrides):
+    config = build_config({"mode": "always", "select_segments": "probe", **overrides}, env={})
+    compressor = Compressor(
+        target_tokenizer=tokenizer,
+        drafter_tokenizer=tokenizer,
+        scorer=scorer,
+        probe=probe,
+        store=store or LocalStore(ViewStore.from_config(config)),
+        max_context=8192,
+    )
+    req = api.parse_chat_request(
+        {"messages": [{"role": "user", "content": DOCUMENT + "\n\nWhat must the licensee keep?"}]}
+    )
+    prompt = render_request(req, "chat", tokenizer)
+    return compressor.run_sync(compression_request(req, prompt, config, "anonymous"))
+
+
+def test_a_dead_drafter_behind_the_probe_is_reported_as_the_drafter_and_retryable(
+    smollm2_tokenizer,
+):
+    with pytest.raises(StageUnavailable) as info:
+        _run(
+            _failing_scorer(DrafterDied("actor 4f2a died")), _ProbeOfADeadInput(), smollm2_tokenizer
+        )
+    status, body = api.error_response(info.value)
+    assert info.value.stage == "drafter"
+    assert status == 503 and body["error"]["code"] == "pflash_drafter_replica_unavailable"
+
+
+def test_an_overloaded_drafter_is_a_503_not_a_500(smollm2_tokenizer):
+    with pytest.raises(StageUnavailable) as info:
+        _run(_failing_scorer(BackPressureError("queue full")), None, smollm2_tokenizer)
+    assert api.error_response(info.value)[0] == 503
+    assert info.value.code == "pflash_drafter_backpressure"
+
+
+def test_a_drafter_bug_stays_a_500_naming_the_drafter(smollm2_tokenizer):
+    with pytest.raises(CompressionFailed) as info:
+        _run(_failing_scorer(KeyError("tap")), None, smollm2_tokenizer)
+    assert not isinstance(info.value, StageUnavailable)
+    assert info.value.stage == "drafter" and api.error_response(info.value)[0] == 500
+
+
+def test_a_dead_drafter_is_served_uncompressed_only_when_the_operator_chose_bypass(
+    smollm2_tokenizer,
+):
+    served = _run(
+        _failing_scorer(DrafterDied("died")),
+        _ProbeOfADeadInput(),
+        smollm2_tokenizer,
+        on_drafter_error="bypass",
+    )
+    assert served.compressed.stats["keep_ratio"] == 1.0
+
+
+def _hanging_scorer():
+    def score(request, conversation):
+        return asyncio.get_running_loop().create_future()  # never resolves
+
+    return score
+
+
+class _HangingStore:
+    async def lookup(self, tenant, keys):
+        await asyncio.sleep(3600)
+
+
+def test_a_hung_drafter_is_a_504_after_the_remote_call_deadline(smollm2_tokenizer):
+    started = time.monotonic()
+    with pytest.raises(StageUnavailable) as info:
+        _run(_hanging_scorer(), None, smollm2_tokenizer, remote_call_timeout_s=0.3)
+    assert time.monotonic() - started < 10
+    assert api.error_response(info.value)[0] == 504
+    assert info.value.code == "pflash_drafter_timeout"
+
+
+def test_a_hung_session_store_counts_as_no_view_and_the_request_goes_on(smollm2_tokenizer):
+    """The drafter fails on purpose: reaching it proves the lookup did not hold the request."""
+    started = time.monotonic()
+    with pytest.raises(CompressionFailed) as info:
+        _run(
+            _failing_scorer(KeyError("reached the drafter")),
+            None,
+            smollm2_tokenizer,
+            store=_HangingStore(),
+            store_call_timeout_s=1.5,
+        )
+    assert "reached the drafter" in info.value.message
+    assert 1.5 <= time.monotonic() - started < 10  # the lookup ran and was given up on
