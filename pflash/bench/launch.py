@@ -14,6 +14,7 @@ this run can mislead a later plain `ray.init()`.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -115,8 +116,19 @@ def _exit_on_sigterm(signum, frame):
 class ServeCluster:
     """A local Ray head plus `serve run CONFIG`; `metrics_url` serves Prometheus text."""
 
-    def __init__(self, config: Path, workdir: Path, *, metrics_report_ms: int = 1000):
+    def __init__(
+        self,
+        config: Path,
+        workdir: Path,
+        *,
+        metrics_report_ms: int = 1000,
+        head_cpus: int = 2,
+        head_resources: dict[str, float] | None = None,
+    ):
         self.config = config
+        self.head_cpus = head_cpus
+        self.head_resources = head_resources or {}
+        self.nodes: dict[str, tuple[subprocess.Popen, set[int]]] = {}
         self.workdir = Path(workdir)
         names = ("gcs", "metrics", "agent", "grpc", "env", "dash")
         self.ports = {name: free_port() for name in names}
@@ -164,6 +176,12 @@ class ServeCluster:
         )
 
     def start(self, ready_url: str, ready_body: dict, timeout_s: float = 300.0) -> None:
+        """The head, then the app; returns once `ready_url` answers `ready_body` with 200."""
+        started = time.monotonic()
+        self.start_head(timeout_s)
+        self.serve(ready_url, ready_body, timeout_s - (time.monotonic() - started))
+
+    def start_head(self, timeout_s: float = 300.0) -> None:
         # a SIGTERM to the caller must still run its `finally: cluster.stop()`
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -175,7 +193,8 @@ class ServeCluster:
                 str(BIN / "ray"),
                 "start",
                 "--head",
-                "--num-cpus=2",
+                f"--num-cpus={self.head_cpus}",
+                f"--resources={json.dumps(self.head_resources)}",
                 f"--port={p['gcs']}",
                 f"--metrics-export-port={p['metrics']}",
                 f"--dashboard-agent-listen-port={p['agent']}",
@@ -196,6 +215,11 @@ class ServeCluster:
             self.stop()
             raise RuntimeError(f"ray start failed:\n{tails}")
         self.ray_roots = group_members(ray_start.pid)  # its daemons stay in its group
+
+    def serve(self, ready_url: str, ready_body: dict, timeout_s: float = 300.0) -> None:
+        """`serve run CONFIG` on the cluster, until `ready_url` answers `ready_body` with 200."""
+        deadline = time.monotonic() + timeout_s
+        p = self.ports
         serve = self._spawn(
             [str(BIN / "serve"), "run", f"--address=127.0.0.1:{p['gcs']}", str(self.config)],
             "serve.log",
@@ -212,7 +236,48 @@ class ServeCluster:
         self.stop()
         raise RuntimeError(f"the Serve app did not come up within {timeout_s:.0f} s:\n{tails}")
 
+    def start_node(self, name: str, num_cpus: int, resources: dict[str, float]) -> None:
+        """Join a second Ray node on this machine (its own raylet, ports and resources), as
+        a worker machine would join the head; a deployment that asks for one of
+        `resources` is placed on it."""
+        ports = {k: free_port() for k in ("nm", "om", "metrics", "agent", "grpc", "env")}
+        proc = self._spawn(
+            [
+                str(BIN / "ray"),
+                "start",
+                f"--address=127.0.0.1:{self.ports['gcs']}",
+                f"--num-cpus={num_cpus}",
+                f"--resources={json.dumps(resources)}",
+                f"--node-manager-port={ports['nm']}",
+                f"--object-manager-port={ports['om']}",
+                f"--metrics-export-port={ports['metrics']}",
+                f"--dashboard-agent-listen-port={ports['agent']}",
+                f"--dashboard-agent-grpc-port={ports['grpc']}",
+                f"--runtime-env-agent-port={ports['env']}",
+                "--disable-usage-stats",
+            ],
+            f"node_{name}.log",
+            5.0,
+        )
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ray start (node {name}) failed:\n{self._tails()}")
+        self.nodes[name] = (proc, group_members(proc.pid))
+
+    def kill_node(self, name: str) -> None:
+        """SIGKILL a node's raylet and everything it runs: a machine that is lost."""
+        proc, roots = self.nodes.pop(name)
+        victims = roots | descendants(roots)
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.poll()
+
     def stop(self) -> None:
+        for name in list(self.nodes):
+            self.kill_node(name)
         workers = descendants(self.ray_roots)
         for proc, grace_s in reversed(self.procs):
             stop_group(proc, grace_s)

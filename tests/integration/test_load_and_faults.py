@@ -17,26 +17,26 @@ reached with few requests on 2 cores. Every request asks for compression
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import statistics
+import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from pflash.bench.launch import ServeCluster, free_port
 
+sys.path.insert(0, str(Path(__file__).parent))  # faults.py, shared with the other fault tests
+import faults  # noqa: E402
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-LICENSE = Path("/usr/share/common-licenses/GPL-3").read_text()
 DRAFTER_QUEUE = 6  # DrafterScorer max_queued_requests here: 50 requests must overflow it
 CONCURRENT = 50
-HANG_S = 600.0  # a request still open after this is a hang
 CALL_DEADLINE_S = 45.0  # remote_call_timeout_s here: above the load test's slowest request
 
 
@@ -66,58 +66,12 @@ def app(tmp_path_factory):
         cluster.stop()
 
 
-def _body(i: int, chars: int = 7000) -> dict:
-    """A ~1.6K-token chat over a different stretch of real text per request."""
-    start = (i * 997) % (len(LICENSE) - chars)
-    text = LICENSE[start : start + chars]
-    return {
-        "messages": [{"role": "user", "content": f"{text}\n\nWhat does this text require?"}],
-        "max_tokens": 4,
-        "temperature": 0,
-        "pflash_mode": "always",
-    }
-
-
-async def _post(http: httpx.AsyncClient, url: str, body: dict) -> tuple[httpx.Response, float]:
-    started = time.perf_counter()
-    r = await asyncio.wait_for(http.post(f"{url}/v1/chat/completions", json=body), HANG_S)
-    return r, time.perf_counter() - started
-
-
-def _burst(url: str, bodies: list[dict], *, during=None) -> list[tuple[httpx.Response, float]]:
-    """POST every body at once (and run `during()` in a thread meanwhile)."""
-
-    async def run():
-        limits = httpx.Limits(max_connections=len(bodies) + 4)
-        async with httpx.AsyncClient(timeout=HANG_S, limits=limits) as http:
-            posts = asyncio.gather(*(_post(http, url, b) for b in bodies))
-            if during is not None:
-                await asyncio.to_thread(during)
-            return await posts
-
-    return asyncio.run(run())
-
-
-def _check_answer_or_envelope(r: httpx.Response) -> str:
-    """A compressed 200, or an error in the OpenAI envelope; a 5xx says when to retry."""
-    if r.status_code == 200:
-        stats = r.json()["usage"]["timings"]["pflash"]
-        assert stats["keep_ratio"] < 1.0, f"asked to compress, served uncompressed: {stats}"
-        return "200"
-    error = r.json()["error"]  # the envelope, never a bare body
-    assert error["message"] and error["type"], r.text
-    assert r.status_code in (503, 504), r.text  # a lost replica is retryable, not a 500
-    assert int(r.headers["retry-after"]) >= 1, dict(r.headers)
-    assert r.headers.get("x-request-id"), dict(r.headers)
-    return f"{r.status_code} {error['code']}"
-
-
 # ----------------------------------------------------------------------------- load
 
 
 def test_fifty_concurrent_long_prompts_are_each_served_or_refused_with_retry_after(app):
-    results = _burst(app, [_body(i) for i in range(CONCURRENT)])
-    outcomes = [_check_answer_or_envelope(r) for r, _ in results]
+    results = faults.burst(app, [faults.body(i) for i in range(CONCURRENT)])
+    outcomes = [faults.answer_or_envelope(r) for r, _ in results]
     served = [s for (r, s) in results if r.status_code == 200]
     refused = [s for (r, s) in results if r.status_code == 503]
     assert len(served) + len(refused) == CONCURRENT, sorted(set(outcomes))
@@ -130,57 +84,11 @@ def test_fifty_concurrent_long_prompts_are_each_served_or_refused_with_retry_aft
         f" {len(refused)} refused with 503 ({len(refused) / CONCURRENT:.0%}, median "
         f"{statistics.median(refused):.2f} s)"
     )
-    r, _ = _burst(app, [_body(999)])[0]
-    assert _check_answer_or_envelope(r) == "200"  # the app serves again once the load is gone
+    r, _ = faults.burst(app, [faults.body(999)])[0]
+    assert faults.answer_or_envelope(r) == "200"  # the app serves again once the load is gone
 
 
 # ----------------------------------------------------------------------------- faults
-
-
-def _replica_pids(deployment: str) -> list[int]:
-    """Worker processes whose title names the replica (Ray sets `ray::ServeReplica:app:name`)."""
-    needle = f"ServeReplica:pflash:{deployment}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
-
-
-def _actor_pids(actor_class: str) -> list[int]:
-    needle = f"ray::{actor_class}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "cmdline").read_bytes().startswith(needle):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
-
-
-def _kill(pids: list[int]) -> None:
-    assert pids, "nothing to kill"
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-
-
-def _recovery_s(app: str, killed_at: float, body: dict, limit_s: float = 240.0):
-    """(seconds from the kill until a compressed request succeeds again, that request's own
-    latency, how many requests were refused before it)."""
-    refused = 0
-    while time.monotonic() - killed_at < limit_s:
-        r, took = _burst(app, [body])[0]
-        if _check_answer_or_envelope(r) == "200":
-            return time.monotonic() - killed_at, took, refused
-        refused += 1
-        time.sleep(1.0)
-    pytest.fail(f"no successful request within {limit_s:.0f} s of the kill")
 
 
 @pytest.mark.parametrize(
@@ -188,7 +96,7 @@ def _recovery_s(app: str, killed_at: float, body: dict, limit_s: float = 240.0):
     ["DrafterScorer", "SegmentProbe", "TargetModel", "SessionStoreActor"],
 )
 def test_a_replica_killed_under_load_fails_its_requests_cleanly_and_comes_back(app, victim):
-    find = _actor_pids if victim == "SessionStoreActor" else _replica_pids
+    find = faults.actor_pids if victim == "SessionStoreActor" else faults.replica_pids
     before = find(victim)
     assert before, f"no {victim} process found"
     killed_at = 0.0
@@ -196,14 +104,14 @@ def test_a_replica_killed_under_load_fails_its_requests_cleanly_and_comes_back(a
     def kill_soon():
         nonlocal killed_at
         time.sleep(1.5)  # the requests are in the drafter or the target by now
-        _kill(before)
+        faults.kill(before)
         killed_at = time.monotonic()
 
-    results = _burst(app, [_body(100 + i) for i in range(4)], during=kill_soon)
-    outcomes = sorted(_check_answer_or_envelope(r) for r, _ in results)
-    recovery, took, refused = _recovery_s(app, killed_at, _body(200))
+    results = faults.burst(app, [faults.body(100 + i) for i in range(4)], during=kill_soon)
+    outcomes = sorted(faults.answer_or_envelope(r) for r, _ in results)
+    since_kill, took, refused = faults.recovery(app, killed_at, faults.body(200))
     print(
-        f"\n{victim} killed: in-flight {outcomes}; a request succeeded {recovery:.1f} s after"
+        f"\n{victim} killed: in-flight {outcomes}; a request succeeded {since_kill:.1f} s after"
         f" the kill (its own latency {took:.1f} s; {refused} refused before it)"
     )
 
@@ -213,12 +121,12 @@ def test_a_replica_killed_under_load_fails_its_requests_cleanly_and_comes_back(a
     [("DrafterScorer", "pflash_drafter_timeout"), ("TargetModel", "pflash_target_timeout")],
 )
 def test_a_hung_replica_is_a_504_naming_its_stage_after_the_call_deadline(app, victim, code):
-    pids = _replica_pids(victim)
+    pids = faults.replica_pids(victim)
     assert pids, f"no {victim} process found"
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
-        r, took = _burst(app, [_body(300)])[0]
+        r, took = faults.burst(app, [faults.body(300)])[0]
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
@@ -226,5 +134,7 @@ def test_a_hung_replica_is_a_504_naming_its_stage_after_the_call_deadline(app, v
     assert r.json()["error"]["code"] == code
     assert int(r.headers["retry-after"]) >= 1
     assert CALL_DEADLINE_S - 1 <= took < CALL_DEADLINE_S + 30, took
-    recovery, _, _ = _recovery_s(app, time.monotonic(), _body(301))
-    print(f"\n{victim} hung: 504 after {took:.1f} s; serving again {recovery:.1f} s after SIGCONT")
+    since_cont, _, _ = faults.recovery(app, time.monotonic(), faults.body(301))
+    print(
+        f"\n{victim} hung: 504 after {took:.1f} s; serving again {since_cont:.1f} s after SIGCONT"
+    )
