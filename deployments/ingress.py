@@ -370,6 +370,12 @@ class Ingress:
             self.metrics.record("pflash_errors", stage="target")
             return error_json(exc, rid)
 
+    def _callable(self, req, kind: str) -> frozenset[str]:
+        """The functions whose hermes-format calls in the answer become `tool_calls`."""
+        if kind != "chat" or self.config.tool_call_parser == "none":
+            return frozenset()
+        return req.callable_tools()
+
     def _stats(self, compressed: Compressed) -> api.PFlashStats:
         fields = {k: v for k, v in compressed.stats.items() if k in api.PFlashStats.model_fields}
         if isinstance(fields.get("view"), dict):
@@ -449,8 +455,16 @@ class Ingress:
                 done = event
         usage = self._account(kind, compressed, done, ttft, started, session=req.session_id and key)
         prompt = compressed.served_text if req.pflash_return_prompt else None
+        content, calls = api.split_tool_calls("".join(text), self._callable(req, kind))
         body = (
-            api.chat_response(meta, "".join(text), done.finish_reason, usage, pflash_prompt=prompt)
+            api.chat_response(
+                meta,
+                content,
+                api.tool_finish(done.finish_reason, calls),
+                usage,
+                tool_calls=calls,
+                pflash_prompt=prompt,
+            )
             if kind == "chat"
             else api.completion_response(
                 meta, "".join(text), done.finish_reason, usage, pflash_prompt=prompt
@@ -494,22 +508,29 @@ class Ingress:
             )
         ttft = None
         done_event: GenerationDone | None = None
+        tools = api.ToolCallStream(self._callable(req, kind))  # holds back possible calls
         async for event in self._generation(compressed, params, key, served.snapshot_cut):
             if isinstance(event, TokenDelta):
                 ttft = ttft if ttft is not None else time.perf_counter() - started
-                if event.text:
+                text = tools.feed(event.text) if kind == "chat" else event.text
+                if text:
                     chunk = (
-                        api.chat_chunk(meta, content=event.text)
+                        api.chat_chunk(meta, content=text)
                         if kind == "chat"
-                        else api.completion_chunk(meta, event.text)
+                        else api.completion_chunk(meta, text)
                     )
                     yield api.sse_event(chunk)
             elif isinstance(event, GenerationDone):
                 done_event = event
         if done_event is None:
             raise CompressionFailed("target", "the target ended without finishing the generation")
+        rest, calls = tools.finish()
+        if rest or calls:
+            yield api.sse_event(
+                api.chat_chunk(meta, content=rest or None, tool_calls=api.with_index(calls))
+            )
         final = (
-            api.chat_chunk(meta, finish_reason=done_event.finish_reason)
+            api.chat_chunk(meta, finish_reason=api.tool_finish(done_event.finish_reason, calls))
             if kind == "chat"
             else api.completion_chunk(
                 meta, finish_reason=done_event.finish_reason, pflash_prompt=prompt

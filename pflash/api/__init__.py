@@ -56,8 +56,18 @@ from pflash.api.responses import (
     completion_response,
     completion_usage_chunk,
 )
+from pflash.api.tool_calls import (
+    ToolCallStream,
+    split_tool_calls,
+    tool_finish,
+    with_index,
+)
 
 __all__ = [
+    "ToolCallStream",
+    "split_tool_calls",
+    "tool_finish",
+    "with_index",
     "Role",
     "PFlashMode",
     "FunctionCall",

@@ -3,8 +3,10 @@ an integer, 1 is not a boolean). Every validation failure becomes an `InvalidReq
 `param` names the field (`messages[2].role`), so the ingress answers 400 in the OpenAI
 error shape.
 
-Fields OpenAI defines that do not change the response shape (`user`, `tool_choice`,
-`frequency_penalty`, `response_format`, ...) are accepted and ignored; fields that would
+Fields OpenAI defines that do not change the response shape (`user`,
+`frequency_penalty`, `response_format`, ...) are accepted and ignored; `tools` and
+`tool_choice` decide which hermes-format calls in the answer become `tool_calls`
+(`api.tool_calls`); fields that would
 change it and are not supported (`n > 1`, `logprobs`, `echo`, `best_of`, `suffix`) are 400s.
 An unknown `pflash_*` field is a 400 too, so a misspelt extension never goes unnoticed.
 """
@@ -67,6 +69,21 @@ class Tool(BaseModel):
 
     type: Literal["function"]
     function: FunctionDefinition
+
+
+class _ToolName(BaseModel):
+    model_config = _REQUEST_CONFIG
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """`tool_choice: {"type": "function", "function": {"name": ...}}`."""
+
+    model_config = _REQUEST_CONFIG
+
+    type: Literal["function"]
+    function: _ToolName
 
 
 class ChatMessage(BaseModel):
@@ -283,6 +300,7 @@ class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("messages")
@@ -291,6 +309,18 @@ class ChatCompletionRequest(_GenerationRequest):
         if not v:
             raise PydanticCustomError("invalid_value", "messages must not be empty")
         return v
+
+    @model_validator(mode="after")
+    def _named_tool_is_declared(self) -> ChatCompletionRequest:
+        if isinstance(self.tool_choice, NamedToolChoice):
+            name = self.tool_choice.function.name
+            if name not in {t.function.name for t in self.tools or ()}:
+                raise PydanticCustomError(
+                    "invalid_value",
+                    "names the function '{name}', which is not among tools",
+                    {"name": name, "param": "tool_choice"},
+                )
+        return self
 
     def _max_tokens(self) -> int | None:
         return (
@@ -305,6 +335,15 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    def callable_tools(self) -> frozenset[str]:
+        """Names of the functions the answer may call: none when the request declares no
+        tools or sets `tool_choice: "none"`; only the named one for a named choice."""
+        if not self.tools or self.tool_choice == "none":
+            return frozenset()
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return frozenset({self.tool_choice.function.name})
+        return frozenset(t.function.name for t in self.tools)
 
 
 class CompletionRequest(_GenerationRequest):
@@ -338,7 +377,7 @@ class CompletionRequest(_GenerationRequest):
 def _field_names() -> frozenset[str]:
     names: set[str] = set()
     for model in (ChatCompletionRequest, CompletionRequest, ChatMessage, ToolCall, FunctionCall, Tool,
-                  FunctionDefinition, StreamOptions):  # fmt: skip
+                  FunctionDefinition, StreamOptions, NamedToolChoice):  # fmt: skip
         names.update(model.model_fields)
     return frozenset(names)
 

@@ -39,6 +39,7 @@ ScorerKind = Literal["head", "legacy", "split"]
 DrafterProfile = Literal["auto", "generic", "qwen3", "qwen35"]
 TargetBackend = Literal["transformers", "openai"]
 OnDrafterError = Literal["fail", "bypass"]
+ToolCallParser = Literal["hermes", "none"]
 LexicalMode = Literal["off", "anchors", "cascade"]
 LexicalQuery = Literal["question", "tail"]
 PositionPrior = Literal["off", "distance"]
@@ -435,6 +436,10 @@ class ServerConfig(Component):
     )
     return_prompt_enabled: bool = Field(
         False, description="Allow requests to set pflash_return_prompt."
+    )
+    tool_call_parser: ToolCallParser = Field(
+        "hermes",
+        description="How a chat answer's tool calls are read when the request declares tools: hermes (<tool_call>{json}</tool_call> blocks naming a declared function become tool_calls, as vLLM's hermes parser reads them) or none (the text is returned as is).",
     )
     max_body_bytes: int = Field(16 << 20, ge=1024, description="Largest accepted request body.")
     served_model_names: tuple[str, ...] = Field(

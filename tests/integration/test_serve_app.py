@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 import sys
 import time
@@ -27,6 +28,8 @@ from pflash.bench.launch import ServeCluster, free_port
 
 pytestmark = pytest.mark.integration
 sys.path.insert(0, str(Path(__file__).parent))  # bad_requests.py, the fuzz strategies
+sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))  # tool_chat.py
+import tool_chat  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-1"
@@ -411,6 +414,56 @@ def test_openai_backend_streams_an_uncompressed_chat(server):
         stream=True,
     )
     assert "Paris" in "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+
+def test_a_tool_call_in_the_answer_comes_back_as_tool_calls(client):
+    r = client.chat.completions.create(
+        model="pflash",
+        messages=tool_chat.tool_messages("Paris"),
+        tools=[tool_chat.WEATHER_TOOL],
+        max_tokens=40,
+        temperature=0,
+        extra_body={"pflash_mode": "off"},
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert not choice.message.content
+
+
+def test_a_streamed_tool_call_arrives_as_a_tool_calls_delta_never_as_text(client):
+    stream = client.chat.completions.create(
+        model="pflash",
+        messages=tool_chat.tool_messages("Paris"),
+        tools=[tool_chat.WEATHER_TOOL],
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        extra_body={"pflash_mode": "off"},
+    )
+    chunks = [c for c in stream if c.choices]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert "<tool_call>" not in text
+    assert [(c.index, c.function.name) for c in calls] == [(0, "get_weather")]
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_choice_none_returns_the_answer_as_text(client):
+    r = client.chat.completions.create(
+        model="pflash",
+        messages=tool_chat.tool_messages("Paris"),
+        tools=[tool_chat.WEATHER_TOOL],
+        tool_choice="none",
+        max_tokens=40,
+        temperature=0,
+        extra_body={"pflash_mode": "off"},
+    )
+    assert "<tool_call>" in r.choices[0].message.content
+    assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason == "stop"
 
 
 def test_overload_is_a_503_with_retry_after(server):

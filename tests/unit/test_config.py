@@ -256,6 +256,7 @@ LAYOUT = {
     "server": {
         "on_drafter_error": "fail",
         "return_prompt_enabled": False,
+        "tool_call_parser": "hermes",
         "max_body_bytes": 16777216,
         "served_model_names": ["pflash"],
         "max_messages": 4096,
@@ -369,6 +370,7 @@ SAMPLES = [
     ("speculative_drafter", "/models/s", "/models/s", "/models/s"),
     ("on_drafter_error", "bypass", "bypass", "bypass"),
     ("return_prompt_enabled", True, "true", True),
+    ("tool_call_parser", "none", "none", "none"),
     ("max_body_bytes", 2048, "2048", 2048),
     ("served_model_names", ["a", "b"], "a,b", ("a", "b")),
     ("max_messages", 10, "10", 10),
@@ -441,6 +443,7 @@ def shipped_args(path: Path) -> dict:
                 "upstream_model": "Qwen/Qwen3-32B",
                 "device": "cuda",
                 "max_context": 131072,
+                "remote_call_timeout_s": 60.0,
             },
         ),
         (

@@ -23,8 +23,10 @@ examples/serve_config.vllm.yaml:
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -37,6 +39,9 @@ import yaml
 
 from pflash.bench.launch import ServeCluster, free_port, stop_group
 from pflash.bench.multiturn import QUESTIONS, document
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))  # tool_chat.py
+import tool_chat  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -339,37 +344,29 @@ def test_later_turns_are_served_from_the_view_and_hit_vllms_prefix_cache(stack, 
 # ----------------------------------------------------------------------------- tools
 
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The current weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-
-
-def test_a_request_with_tools_is_answered(client):
-    """SmolLM2's chat template ignores `tools`, so the model sees no tool and answers in text.
-    If it does emit a hermes tool call, that must come back as `tool_calls`."""
-    r = client.chat.completions.create(
+def test_a_tool_call_passes_through_vllm_and_comes_back_as_tool_calls(client):
+    """The ingress sends vLLM token ids (`/v1/completions`), so vLLM's tool parser never
+    sees the answer: PFlash reads the hermes call itself, streamed and whole."""
+    ask = dict(
         model="pflash",
-        messages=[{"role": "user", "content": "What is the weather in Paris? Use a tool."}],
-        tools=TOOLS,
-        max_tokens=48,
+        messages=tool_chat.tool_messages("Paris"),
+        tools=[tool_chat.WEATHER_TOOL],
+        max_tokens=40,
         temperature=0,
         extra_body={"pflash_mode": "off"},
     )
-    message = r.choices[0].message
-    assert message.content or message.tool_calls
-    if message.content and "<tool_call>" in message.content:
-        assert message.tool_calls, f"a tool call came back as text: {message.content!r}"
+    choice = client.chat.completions.create(**ask).choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather",
+        {"city": "Paris"},
+    )
+    chunks = [c for c in client.chat.completions.create(**ask, stream=True) if c.choices]
+    streamed = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [tc.function.name for tc in streamed] == ["get_weather"]
+    assert "<tool_call>" not in "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 # ----------------------------------------------------------------------------- upstream errors
