@@ -33,7 +33,11 @@ class ViewStats(BaseModel):
 class PFlashStats(BaseModel):
     """`usage.timings.pflash` (ALGORITHM §5.9). Defaults describe an uncompressed request.
 
-    Units: `*_ms` milliseconds (`compress_ms` rounded to 0.1); `drafter_input_tokens` and
+    Units: `*_ms` milliseconds (`compress_ms` rounded to 0.1); where compression time goes:
+    `plan_ms` (planning before the drafter: queries, pinned spans, token mapping, budget),
+    `scorer_forward_ms` (the drafter's forward), `select_ms` (selection, assembly, the
+    ceiling), and `compress_ms` from the end of planning to the served prompt (the drafter's
+    queue and transfer are `compress_ms - scorer_forward_ms - select_ms`); `drafter_input_tokens` and
     `kept_tokens` drafter tokens; `compressed_tokens` target tokens served; `keep_ratio`
     the final effective ratio; `segments` candidate segments; `scorer_resume` the token
     position the drafter session resumed from; `lexical_units` / `lexical_kept` the text
@@ -45,6 +49,8 @@ class PFlashStats(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     compress_ms: float = 0.0
+    plan_ms: float = 0.0
+    select_ms: float = 0.0
     drafter_input_tokens: int = 0
     kept_tokens: int = 0
     compressed_tokens: int = 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,7 @@ class Prepared:
     reason: str
     score_request: ScoreRequest | None
     started: float = field(default_factory=time.perf_counter)
+    plan_ms: float = 0.0  # time in prepare(): planning, pinned spans, mapping, budget
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,20 @@ def prepare(
     drafter_tokenizer,
 ) -> Prepared:
     """Plan queries and pins, size the budget, and decide whether to compress at all."""
+    started = time.perf_counter()
+    prepared = _prepare(
+        inp, config=config, target_tokenizer=target_tokenizer, drafter_tokenizer=drafter_tokenizer
+    )
+    return replace(prepared, plan_ms=round((time.perf_counter() - started) * 1000.0, 1))
+
+
+def _prepare(
+    inp: PromptInput,
+    *,
+    config: PFlashConfig,
+    target_tokenizer,
+    drafter_tokenizer,
+) -> Prepared:
     prompt_text = (
         inp.prompt_text
         if inp.prompt_text is not None
@@ -235,6 +250,7 @@ def finish(
     trace: TraceWriter | None = None,
 ) -> Compressed:
     """Select, assemble and fit the ceiling, given the scorer's per-token scores."""
+    select_started = time.perf_counter()
     if not prepared.compress or prepared.score_request is None:
         raise ValueError("finish() needs a prepared request that compresses")
     if not config.strict:
@@ -304,7 +320,9 @@ def finish(
     fit = fit_ceiling(attempt, budget.keep_ratio, budget.ceiling)
     chosen: _Attempt = fit.assembly
     lifts = tuple(candidate_lifts(scores.mass, seg.spans())) if scores.mass is not None else ()
-    stats = _stats(prepared, scores, chosen, fit.r_used, len(cands), budget.kept_tokens)
+    stats = _stats(
+        prepared, scores, chosen, fit.r_used, len(cands), budget.kept_tokens, select_started
+    )
     lexical_spans: tuple[Span, ...] = ()
     if evidence is not None:
         stats["lexical_units"] = len(evidence.units)
@@ -398,12 +416,21 @@ def _select(
 
 
 def _stats(
-    prepared: Prepared, scores: ScoreResult, chosen: _Attempt, r: float, n_segments: int, kept: int
+    prepared: Prepared,
+    scores: ScoreResult,
+    chosen: _Attempt,
+    r: float,
+    n_segments: int,
+    kept: int,
+    select_started: float,
 ) -> dict[str, Any]:
     plan = prepared.plan
     history = sum(1 for w in plan.windows() if w.kind == "history")
+    now = time.perf_counter()
     return {
-        "compress_ms": round((time.perf_counter() - prepared.started) * 1000.0, 1),
+        "compress_ms": round((now - prepared.started) * 1000.0, 1),
+        "plan_ms": prepared.plan_ms,
+        "select_ms": round((now - select_started) * 1000.0, 1),
         "drafter_input_tokens": plan.n_tokens,
         "kept_tokens": kept,
         "compressed_tokens": len(chosen.assembly.target_ids),

@@ -496,6 +496,8 @@ def test_usage_serialises_exactly_the_contract_keys():
     }
     assert set(usage["timings"]["pflash"]) == {
         "compress_ms",
+        "plan_ms",
+        "select_ms",
         "drafter_input_tokens",
         "kept_tokens",
         "compressed_tokens",
@@ -545,6 +547,8 @@ def test_uncompressed_request_reports_default_stats():
     usage = build_usage(50, GenerationTimings(50, 10.0, 3, 5.0, 0)).model_dump()
     assert usage["timings"]["pflash"] == {
         "compress_ms": 0.0,
+        "plan_ms": 0.0,
+        "select_ms": 0.0,
         "drafter_input_tokens": 0,
         "kept_tokens": 0,
         "compressed_tokens": 50,
