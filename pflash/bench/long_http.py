@@ -32,9 +32,16 @@ from pflash.bench.launch import ROOT, ServeCluster, free_port
 from pflash.bench.long_context import EMBEDDED, haystack, needle_case
 
 
-def _config(tmp: Path, port: int, attention: str, max_prompt: int) -> Path:
+def _config(
+    tmp: Path, port: int, attention: str, max_prompt: int, drafter_cpus: float | None
+) -> Path:
     base = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     base["http_options"]["port"] = port
+    if drafter_cpus is not None:  # the rest of the 2 CPUs go to the others
+        rest = max(0.05, (2.0 - drafter_cpus) / 3)
+        for dep in base["applications"][0]["deployments"]:
+            share = drafter_cpus if dep["name"] == "DrafterScorer" else rest
+            dep["ray_actor_options"]["num_cpus"] = round(share, 3)
     args = base["applications"][0]["args"]
     args.update(
         drafter_attention=attention, max_prompt_tokens=max_prompt, return_prompt_enabled=True
@@ -83,7 +90,9 @@ def _stream(url: str, messages, timeout_s: float) -> dict:
     }
 
 
-def run(lengths: list[int], attention: str, runs: int) -> list[dict]:
+def run(
+    lengths: list[int], attention: str, runs: int, drafter_cpus: float | None = None
+) -> list[dict]:
     from pflash.models.source import load_tokenizer
 
     tokenizer = load_tokenizer(EMBEDDED)
@@ -91,7 +100,8 @@ def run(lengths: list[int], attention: str, runs: int) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="pflh") as tmp:
         port = free_port()
         max_prompt = max(131072, max(lengths) + 8192)
-        cluster = ServeCluster(_config(Path(tmp), port, attention, max_prompt), Path(tmp))
+        config = _config(Path(tmp), port, attention, max_prompt, drafter_cpus)
+        cluster = ServeCluster(config, Path(tmp))
         url = f"http://127.0.0.1:{port}"
         try:
             cluster.start(f"{url}/v1/completions", {"prompt": "Hi", "max_tokens": 1})
@@ -159,9 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=[32768, 131072])
     parser.add_argument("--attention", choices=("dense", "window"), default="window")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument(
+        "--drafter-cpus",
+        type=float,
+        help="the DrafterScorer's CPU share (torch threads = its ceiling); default: the shipped",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    results = run(args.lengths, args.attention, args.runs)
+    results = run(args.lengths, args.attention, args.runs, args.drafter_cpus)
     print(table(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))

@@ -191,6 +191,9 @@ class CeilingMeasured(Protocol):
     @property
     def ceiling_tokens(self) -> int: ...
 
+    @property
+    def n_target_tokens(self) -> int: ...
+
 
 A = TypeVar("A", bound=CeilingMeasured)
 
@@ -209,6 +212,7 @@ def fit_ceiling(
     ceiling: int,
     max_attempts: int = CEILING_ATTEMPTS,
     extra_attempts: int = EXTRA_CEILING_ATTEMPTS,
+    limit: int | None = None,
 ) -> CeilingFit[A]:
     """Run `attempt(keep_ratio)` until its prompt fits the target-token ceiling (§5.8 2-10).
 
@@ -226,6 +230,12 @@ def fit_ceiling(
     keep 0.1). Up to `extra_attempts` more follow with the overflow doubled each time
     (scale 2, 4, 8, ...), until a chunk goes.
 
+    `limit` caps the whole served prompt (`n_target_tokens`, join overhead included): the
+    target's context minus `max_tokens`. The ceiling leaves the join overhead out (the
+    reference's rule), and with many kept spans (a 128K prompt fitted to an 8K context keeps
+    ~130) that overhead alone overflowed the context; an attempt over `limit` is retried
+    like one over the ceiling.
+
     Contract: the returned attempt is never over the ceiling; when no attempt fits,
     `CompressionFailed("ceiling", "final prompt exceeds target-token ceiling (a > b)")` is
     raised with the last attempt's count. Errors raised by `attempt` propagate.
@@ -238,12 +248,19 @@ def fit_ceiling(
     for index in range(total):
         result = attempt(r)
         measured = int(result.ceiling_tokens)
-        if measured <= ceiling:
+        over = measured - ceiling
+        if limit is not None:
+            over = max(over, int(result.n_target_tokens) - limit)
+        if over <= 0:
             return CeilingFit(result, r, index + 1)
-        tightened = ceiling - (measured - ceiling) * ceiling_retry_scale(index, max_attempts) - 1
+        tightened = ceiling - over * ceiling_retry_scale(index, max_attempts) - 1
         if index >= total - 1 or tightened <= 0:
             break
         r = r_requested * tightened / ceiling
+    if limit is not None and measured <= ceiling:
+        raise CompressionFailed(
+            "ceiling", f"final prompt exceeds the context left for max_tokens ({limit} tokens)"
+        )
     raise CompressionFailed(
         "ceiling", f"final prompt exceeds target-token ceiling ({measured} > {ceiling})"
     )

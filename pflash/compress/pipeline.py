@@ -236,6 +236,10 @@ class _Attempt:
     def ceiling_tokens(self) -> int:
         return self.assembly.ceiling_tokens
 
+    @property
+    def n_target_tokens(self) -> int:
+        return self.assembly.n_target_tokens
+
 
 def finish(
     prepared: Prepared,
@@ -317,7 +321,9 @@ def finish(
         )
         return _Attempt(asm, sel, token_budget, pool, promoted)
 
-    fit = fit_ceiling(attempt, budget.keep_ratio, budget.ceiling)
+    max_ctx = prepared.input.max_context
+    limit = max_ctx - max(1, prepared.input.max_output) if max_ctx and max_ctx > 0 else None
+    fit = fit_ceiling(attempt, budget.keep_ratio, budget.ceiling, limit=limit)
     chosen: _Attempt = fit.assembly
     lifts = tuple(candidate_lifts(scores.mass, seg.spans())) if scores.mass is not None else ()
     stats = _stats(

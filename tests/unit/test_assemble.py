@@ -217,6 +217,26 @@ def test_join_overhead_does_not_count_against_the_ceiling():
     assert fit.assembly.n_target_tokens == 112
 
 
+def test_join_overhead_that_overflows_the_context_is_retried_until_the_prompt_fits():
+    """A 128K prompt fitted to an 8K context keeps ~130 spans: under the ceiling without the
+    join overhead, over the context with it (8189 + 16 > 8192 measured through the app)."""
+    calls: list[float] = []
+
+    def attempt(r: float) -> Assembly:
+        calls.append(r)
+        counted = round(8176 * r / 0.06)  # fewer kept tokens at a lower ratio
+        return fake_assembly(counted, join_overhead=13)
+
+    fit = fit_ceiling(attempt, 0.06, 8176, limit=8176)
+    assert fit.attempts > 1 and fit.assembly.n_target_tokens <= 8176
+    assert fit.assembly.ceiling_tokens <= 8176
+
+
+def test_a_prompt_that_cannot_fit_the_context_fails_naming_the_context():
+    with pytest.raises(CompressionFailed, match="context left for max_tokens"):
+        fit_ceiling(lambda r: fake_assembly(100, join_overhead=12), 0.1, 100, limit=100)
+
+
 def test_still_over_after_every_attempt_fails_with_counts():
     calls: list[float] = []
 
