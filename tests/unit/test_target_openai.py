@@ -491,7 +491,18 @@ def test_slow_upstream_is_a_504_timeout(upstream, smollm2_tokenizer, rendered):
         "upstream_timeout",
         "upstream_timeout",
     )
-    assert f"{base}/completions" in body["error"]["message"]
+    assert f"{base}/completions" in body["error"]["message"]  # the log line's message
+    assert info.value.public_message == "upstream timed out"  # what the client is told
+
+
+def test_a_client_is_told_what_failed_upstream_but_never_the_upstreams_address(
+    smollm2_tokenizer, rendered
+):
+    base = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(UpstreamError) as info:
+        collect(make_target(base, smollm2_tokenizer), rendered[1])
+    assert info.value.public_message == "upstream unavailable"
+    assert "127.0.0.1" not in info.value.public_message
 
 
 def test_empty_prompt_is_rejected_before_any_request(smollm2_tokenizer):

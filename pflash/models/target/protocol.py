@@ -158,6 +158,12 @@ class UpstreamError(PFlashError):
         super().__init__(message, code=code)
         self.upstream_status = upstream_status
 
+    @property
+    def public_message(self) -> str:
+        """What failed, without the upstream's address or raw answer (those go to the log):
+        every message here is "<what failed>: <where and details>"."""
+        return self.message.split(": ", 1)[0]
+
 
 class UpstreamTimeout(UpstreamError):
     """The upstream did not answer (connect or read) within the configured time."""
