@@ -13,9 +13,16 @@ Multi-turn cases are answered with the gold answers as the assistant's earlier r
 every variant sees the same conversation. `--llmlingua` adds LongLLMLingua (same 135M
 model, question-aware, strict rate) as a column, measured in the same run.
 
+`--control` serves every case a second time with each question replaced by one about the
+license text (`CONTROL_QUESTIONS`, touching no fact and no code) and scores the same
+evidence: what a method keeps without being asked for it. Evidence that stands out from
+its surroundings is kept under the control too, so the real retention minus the control's
+is what the scorer contributes by reading the question; summary.md gives both side by side
+and their difference.
+
     pflash bench ablate --out bench-out/ablate [--families ...] [--cases 4]
         [--lengths 2048 4096] [--keep 0.1] [--variant NAME:KEY=VALUE,KEY=VALUE ...]
-        [--llmlingua] [--threads 1] [--set KEY=VALUE]
+        [--llmlingua] [--control] [--threads 1] [--set KEY=VALUE]
 """
 
 from __future__ import annotations
@@ -90,6 +97,34 @@ def parse_variant(text: str) -> Variant:
             raise ValueError(f"--variant {text!r}: {item!r} is not KEY=VALUE")
         pairs[key.strip()] = yaml.safe_load(value)
     return variant(name, **pairs)
+
+
+# Questions about the license text that no fact, needle or function answers; a control
+# turn gets one of them in place of its question (`control_case`).
+CONTROL_QUESTIONS = (
+    "Under which conditions may altered versions of the licensed software be passed on to others?",
+    "What does the licence say about warranty and liability?",
+    "Which duties fall on a distributor who conveys the licensed software to recipients?",
+    "How can a recipient lose the rights granted by this licence?",
+)
+CONTROL_SUFFIX = " (control)"
+
+
+def control_case(case: BenchCase) -> BenchCase:
+    """`case` with every turn's question replaced by a control question (a different one
+    per turn, rotating with the seed); document, answers and evidence stay, so the control
+    scores the same evidence under a question that does not ask for it."""
+    n = len(CONTROL_QUESTIONS)
+    turns = tuple(
+        dataclasses.replace(t, question=CONTROL_QUESTIONS[(case.spec.seed + i) % n])
+        for i, t in enumerate(case.turns)
+    )
+    return dataclasses.replace(case, turns=turns)
+
+
+def with_controls(methods: Sequence[str]) -> list[str]:
+    """Each method followed by its control column."""
+    return [m for method in methods for m in (method, method + CONTROL_SUFFIX)]
 
 
 def gold_replies(case: BenchCase, turn: int) -> list[str]:
@@ -212,6 +247,12 @@ def run_case(case: BenchCase, engine: AblationEngine, llmlingua=None) -> list[Tu
     return out
 
 
+def run_control(case: BenchCase, engine: AblationEngine, llmlingua=None) -> list[TurnResult]:
+    """`run_case` on `control_case(case)`, each method renamed `NAME (control)`."""
+    rows = run_case(control_case(case), engine, llmlingua)
+    return [dataclasses.replace(r, method=r.method + CONTROL_SUFFIX) for r in rows]
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -265,6 +306,32 @@ def retention_table(rows: Sequence[TurnResult], order: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def _pooled(rows: Sequence[TurnResult]) -> float | None:
+    total = sum(r.evidence_total for r in rows)
+    return 100 * sum(r.evidence_kept for r in rows) / total if total else None
+
+
+def contribution_table(rows: Sequence[TurnResult], order: Sequence[str]) -> str:
+    """Markdown: real minus control retention per family × method, in points (pooled as in
+    `retention_table`); methods without control rows are left out."""
+    rows = [r for r in rows if not r.error]
+    methods = [m for m in order if any(r.method == m + CONTROL_SUFFIX for r in rows)]
+    families = list(dict.fromkeys(r.family for r in rows))
+
+    def cell(family: str | None, method: str) -> str:
+        def pick(m: str) -> list[TurnResult]:
+            return [r for r in rows if r.method == m and family in (None, r.family)]
+
+        real, control = _pooled(pick(method)), _pooled(pick(method + CONTROL_SUFFIX))
+        return "–" if real is None or control is None else f"{real - control:+.0f}"
+
+    lines = ["| family | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for f in families:
+        lines.append(f"| {f} | " + " | ".join(cell(f, m) for m in methods) + " |")
+    lines.append("| **all** | " + " | ".join(f"**{cell(None, m)}**" for m in methods) + " |")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -286,6 +353,12 @@ def add_arguments(bsub) -> None:
         help="a variant (repeatable); default: attention, prior, anchors, cascade, cascade+prior",
     )
     p.add_argument("--llmlingua", action="store_true", help="add LongLLMLingua as a column")
+    p.add_argument(
+        "--control",
+        action="store_true",
+        help="also serve every case with unrelated questions about the license text and "
+        "report that retention next to the real one",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE")
     p.add_argument("--no-progress", action="store_true")
@@ -313,6 +386,7 @@ def run_ablation(args) -> int:
         "variants": {v.name: v.settings for v in variants},
         "base": base,
         "cases": len(cases),
+        "control": bool(getattr(args, "control", False)),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     results = out / "results.jsonl"
@@ -321,6 +395,8 @@ def run_ablation(args) -> int:
     t0 = time.perf_counter()
     for i, case in enumerate(cases):
         case_rows = run_case(case, engine, llm)
+        if meta["control"]:
+            case_rows += run_control(case, engine, llm)
         write_jsonl(results, case_rows)
         rows += case_rows
         if not args.no_progress:
@@ -329,7 +405,13 @@ def run_ablation(args) -> int:
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
     (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
     order = [v.name for v in variants] + ["llmlingua"]
-    table = retention_table(rows, order)
+    table = retention_table(rows, with_controls(order) if meta["control"] else order)
+    if meta["control"]:
+        table += (
+            "\n\nScorer contribution: real minus control retention, in points (control: "
+            "every question replaced by one about the license text).\n\n"
+            + contribution_table(rows, order)
+        )
     (out / "summary.md").write_text(
         f"# Evidence retention at keep {args.keep}\n\n{table}\n\nCommand: `{meta['command']}`\n"
     )

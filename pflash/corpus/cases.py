@@ -26,9 +26,27 @@ Families (RULER / SCBench shaped; `FAMILIES`):
   message (`<documents>` tags around it, instructions before and after); the user message
   is only the question.
 
+Families whose question does not name its evidence (`pflash.corpus.nonliteral`; the
+wordings are in `pflash.corpus.paraphrase` and `pflash.corpus.code_descriptions`):
+
+- `paraphrased_needle`: one fact of an invented entity at a depth, asked in words that
+  share no content word with the fact sentence, among distractor facts of the same shape
+  (other concepts, any entity; their number grows with the length).
+- `described_code`: as `code_retrieval`, but the question describes what the function does
+  in words absent from its whole source.
+- `multi_turn_paraphrase`: three facts early, middle and late among distractor facts, one
+  paraphrased question per turn.
+- `aggregation`: five facts about one organisation scattered over the text among
+  distractor facts, all asked in one paraphrased question; the evidence is the five
+  sentences.
+
 Every generator is a pure function of its `CaseSpec` and a token counter: the same spec
 gives the same case, byte for byte. Lengths are target-token counts of the rendered prompt
 (approximate: paragraphs are counted one by one, the chat template adds a few tokens).
+
+Why this module runs past 600 lines: the literal families, the haystack and code readers
+they share, and `SuitePlan` are one contract (a case id names a family, a seed and a
+length); the non-literal families and their wordings already live in their own modules.
 """
 
 from __future__ import annotations
@@ -38,6 +56,7 @@ import random
 import re
 import string
 import sysconfig
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -470,12 +489,16 @@ def _code_summary_ok(f: CodeFunction) -> bool:
     return len(words) >= 5 and f.name.lower() not in f.summary.lower()
 
 
-def code_retrieval(spec: CaseSpec, count: CountTokens) -> BenchCase:
-    rng = random.Random(spec.seed)
-    modules = list(code_functions())
-    rng.shuffle(modules)
-    budget = _body_tokens(spec, count, [])
-    files, total, names = [], 0, {}
+CODE_ATTEMPTS = 32  # module orders code_retrieval tries before it gives up
+
+
+def _code_files(
+    modules: Sequence[tuple[str, tuple[CodeFunction, ...]]], budget: int, count: CountTokens
+) -> tuple[list[str], list[CodeFunction]]:
+    """Module files packed in order into `budget`, and the functions of them that can be
+    asked for: a summary of five words or more without the name, the name defined once
+    and the summary given once."""
+    files, total, packed, names = [], 0, [], Counter()
     for module, funcs in modules:
         text = f"# File: {module}.py\n\n" + "\n\n\n".join(f.source for f in funcs)
         n = count(text)
@@ -483,16 +506,31 @@ def code_retrieval(spec: CaseSpec, count: CountTokens) -> BenchCase:
             if total > budget * 0.8:
                 break
             continue
-        files.append((module, funcs, text))
+        files.append(text)
+        packed += funcs
         total += n
-        for f in funcs:
-            names[f.name] = names.get(f.name, 0) + 1
-    candidates = [
-        f for _, funcs, _ in files for f in funcs if _code_summary_ok(f) and names[f.name] == 1
-    ]
-    summaries = [f.summary for f in candidates]
-    candidates = [f for f in candidates if summaries.count(f.summary) == 1]
-    if not candidates:
+        names.update(f.name for f in funcs)
+    candidates = [f for f in packed if _code_summary_ok(f) and names[f.name] == 1]
+    summaries = Counter(f.summary for f in candidates)
+    return files, [f for f in candidates if summaries[f.summary] == 1]
+
+
+def code_retrieval(spec: CaseSpec, count: CountTokens) -> BenchCase:
+    """Whole stdlib modules in a seeded order; one function asked for by its docstring.
+
+    A short document can happen to hold no askable function (every packed one lacks a
+    distinctive summary), so the modules are reshuffled, from the same seeded generator,
+    until one does: the first order is the one earlier versions used, so cases that never
+    needed a retry are unchanged."""
+    rng = random.Random(spec.seed)
+    modules = list(code_functions())
+    budget = _body_tokens(spec, count, [])
+    for _ in range(CODE_ATTEMPTS):
+        rng.shuffle(modules)
+        files, candidates = _code_files(modules, budget, count)
+        if candidates:
+            break
+    else:
         raise ValueError(f"{spec.case_id}: no function with a distinctive docstring fits")
     target = rng.choice(candidates)
     turn = Turn(
@@ -502,7 +540,7 @@ def code_retrieval(spec: CaseSpec, count: CountTokens) -> BenchCase:
         (target.def_line,),
         max_tokens=16,
     )
-    return BenchCase(spec, "\n\n\n".join(text for _, _, text in files), (turn,))
+    return BenchCase(spec, "\n\n\n".join(files), (turn,))
 
 
 def multi_turn(spec: CaseSpec, count: CountTokens) -> BenchCase:
@@ -531,6 +569,13 @@ def system_document(spec: CaseSpec, count: CountTokens) -> BenchCase:
     return single_needle(replace(spec, placement="system"), count)
 
 
+from pflash.corpus.nonliteral import (  # noqa: E402  (builds on the blocks above)
+    aggregation,
+    described_code,
+    multi_turn_paraphrase,
+    paraphrased_needle,
+)
+
 FAMILIES: dict[str, Callable[[CaseSpec, CountTokens], BenchCase]] = {
     "single_needle": single_needle,
     "multi_key": multi_key,
@@ -542,6 +587,10 @@ FAMILIES: dict[str, Callable[[CaseSpec, CountTokens], BenchCase]] = {
     "multi_turn": multi_turn,
     "placement": placement,
     "system_document": system_document,
+    "paraphrased_needle": paraphrased_needle,
+    "described_code": described_code,
+    "multi_turn_paraphrase": multi_turn_paraphrase,
+    "aggregation": aggregation,
 }
 
 
@@ -577,6 +626,7 @@ class SuitePlan:
                     "multi_key",
                     "placement",
                     "system_document",
+                    "paraphrased_needle",
                 )
                 out.append(
                     CaseSpec(

@@ -1,15 +1,21 @@
-"""`pflash bench ablate`: variants parse, group by drafter pass, and score retention for real."""
+"""`pflash bench ablate`: variants parse, group by drafter pass, and score retention for real;
+the control serves unrelated questions and is reported beside the real retention."""
 
 from __future__ import annotations
 
 import pytest
 
 from pflash.bench.ablation import (
+    CONTROL_QUESTIONS,
     AblationEngine,
+    contribution_table,
+    control_case,
     parse_variant,
     retention_table,
     run_case,
+    run_control,
     variant,
+    with_controls,
 )
 from pflash.bench.suite import serve_args
 from pflash.corpus.cases import CaseSpec, generate, token_counter
@@ -71,3 +77,81 @@ def test_a_crashed_baseline_turn_is_reported_and_not_scored():
     )
     assert "| single_needle | 1 | 100% |\n" in table  # nothing left to score for llmlingua
     assert "Failed turns (not scored): llmlingua 1" in table
+
+
+# --------------------------------------------------------------------------- control
+
+
+class LexicalEngine:
+    """A stand-in for `AblationEngine` with no model: it serves the paragraphs of the last
+    user message that share a content word with that message's question, so a question
+    that names its evidence keeps it and a control question keeps none of it."""
+
+    configs = {"lexical": None}
+
+    def encode(self, messages: list[dict]) -> tuple[int, ...]:
+        return tuple(range(len(" ".join(m["content"] for m in messages).split())))
+
+    def serve(self, messages: list[dict]) -> dict:
+        from pflash.bench.runner import Served
+        from pflash.corpus.wording import shared_words
+
+        body, _, question = messages[-1]["content"].rpartition("Question: ")
+        kept = [p for p in body.split("\n\n") if shared_words(question, p)]
+        text = "\n\n".join([*kept, question])
+        return {"lexical": Served("lexical", 0.1, text, None, len(text.split()), 0, 1.0)}
+
+
+@pytest.fixture(scope="module")
+def count(smollm2_tokenizer):
+    return token_counter(smollm2_tokenizer)
+
+
+def test_control_case_swaps_every_question_and_keeps_document_and_evidence(count):
+    case = generate(CaseSpec("multi_turn_paraphrase", 3, 2048), count)
+    control = control_case(case)
+    assert control.document == case.document and control.spec == case.spec
+    assert [t.evidence for t in control.turns] == [t.evidence for t in case.turns]
+    assert [t.answers for t in control.turns] == [t.answers for t in case.turns]
+    questions = [t.question for t in control.turns]
+    assert all(q in CONTROL_QUESTIONS for q in questions) and len(set(questions)) == 3
+
+
+def test_control_questions_share_no_word_with_any_fact_needle_or_question_wording():
+    from pflash.corpus.cases import needle
+    from pflash.corpus.paraphrase import SUBJECTS
+    from pflash.corpus.wording import shared_words
+
+    wordings = [needle("key", "1"), "One of the special magic numbers for key is"]
+    for subject in SUBJECTS:
+        wordings += subject.nouns
+        for concept in subject.concepts:
+            wordings += [*concept.statements, *concept.questions]
+    for question in CONTROL_QUESTIONS:
+        for wording in wordings:
+            assert not shared_words(question, wording), (question, wording)
+
+
+def test_control_rows_sit_next_to_the_real_ones_and_their_difference_is_reported(count):
+    case = generate(CaseSpec("single_needle", 7, 1024, 0.5), count)
+    engine = LexicalEngine()
+    rows = run_case(case, engine) + run_control(case, engine)
+    by = {r.method: r for r in rows}
+    assert set(by) == {"lexical", "lexical (control)"}
+    assert by["lexical"].evidence_kept == 1 and by["lexical (control)"].evidence_kept == 0
+    assert by["lexical (control)"].case_id == case.case_id
+    table = retention_table(rows, with_controls(["lexical"]))
+    assert "| family | turns | lexical | lexical (control) |" in table
+    assert "| single_needle | 1 | 100% | 0% |" in table
+    assert "| single_needle | +100 |" in contribution_table(rows, ["lexical"])
+
+
+def test_ablate_accepts_the_control_flag():
+    import argparse
+
+    from pflash.bench.ablation import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["ablate", "--out", "x", "--control"]).control is True
+    assert parser.parse_args(["ablate", "--out", "x"]).control is False

@@ -135,3 +135,14 @@ def test_suite_plan_spreads_depths_and_cycles_lengths():
     assert [s.length for s in needles] == [2048, 4096, 2048, 4096, 2048]
     assert all(s.depth is None for s in specs if s.family == "multi_value")
     assert len({s.seed for s in specs}) == len(specs)
+
+
+@pytest.mark.parametrize("length", [2048, 3072])
+def test_code_retrieval_finds_an_askable_function_for_every_seed(length, count):
+    # seeds 1 and 25 at 2048 and seed 1 at 3072 once packed no function with a distinctive
+    # docstring and raised, which ended a whole `pflash bench ablate` run
+    for seed in range(40):
+        case = generate(CaseSpec("code_retrieval", seed, length), count)
+        (name,) = case.turns[0].answers
+        assert case.document.count(f"def {name}(") == 1, case.case_id
+        assert case.turns[0].evidence[0] in case.document
