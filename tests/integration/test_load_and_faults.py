@@ -37,7 +37,10 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 DRAFTER_QUEUE = 6  # DrafterScorer max_queued_requests here: 50 requests must overflow it
 CONCURRENT = 50
-CALL_DEADLINE_S = 45.0  # remote_call_timeout_s here: above the load test's slowest request
+# remote_call_timeout_s here: above the load test's slowest served request. Ray's queue limit
+# is not strict (a burst got 11 queued past a limit of 6), so up to ~13 drafter passes of
+# ~6 s queue behind each other; 45 s was too short for the last of them on a CI machine.
+CALL_DEADLINE_S = 100.0
 
 
 def _config(tmp: Path, port: int) -> Path:
