@@ -1,4 +1,5 @@
-"""TargetModel deployment: one target backend per replica (transformers or an upstream).
+"""TargetModel deployment: one target backend per replica (transformers, an upstream by URL,
+or Ray Serve LLM's LLMServer in the same cluster through `HandleTransport`).
 
 `generate` streams `GenerationEvent`s (a handle call with `stream=True`); the ingress turns
 them into SSE or one response. Conversations prefer the replica holding their KV prefix
@@ -16,9 +17,52 @@ from ray import serve
 from deployments.resources import apply_thread_limits
 from pflash.config import TargetModelPart, build_part
 from pflash.models.loading import use_device
-from pflash.models.target.protocol import GenerationEvent, SamplingParams
+from pflash.models.target.protocol import GenerationEvent, SamplingParams, UpstreamError
 
 log = logging.getLogger("ray.serve")
+
+
+class HandleTransport:
+    """`ChunkTransport` to `TokenIdCompletions` of the `ray_llm_app` application
+    (deployments/ray_llm.py, in vLLM's environment): the same `/v1/completions` body the
+    openai backend POSTs, plain dicts back. The handle is looked up at the first call, so
+    the two applications of one Serve config may come up in either order: while the other
+    does not exist a call is a 502 upstream_unavailable; while its replicas start, a call
+    waits (Serve queues it) up to upstream_timeout_s, then is a 504."""
+
+    def __init__(self, app: str):
+        self.app = app
+        self._handle: Any = None
+
+    def handle(self) -> Any:
+        if self._handle is None:
+            from deployments.ray_llm import ADAPTER_NAME
+
+            try:
+                handle = serve.get_deployment_handle(ADAPTER_NAME, app_name=self.app)
+            except Exception as exc:  # Serve raises a bare exception when the app is missing
+                raise UpstreamError(
+                    f"upstream unavailable: Serve application {self.app!r} has no "
+                    f"{ADAPTER_NAME} deployment (ray_llm_app): {exc}",
+                    code="upstream_unavailable",
+                ) from exc
+            self._handle = handle.options(stream=True)
+        return self._handle
+
+    async def __call__(
+        self, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> AsyncIterator[dict[str, Any]]:
+        if path != "/completions":
+            raise UpstreamError(f"ray_llm serves /completions only, not {path}")
+        chunks = self.handle().completions.remote(body)
+        finished = False
+        try:
+            async for chunk in chunks:
+                yield chunk
+            finished = True
+        finally:
+            if not finished:  # the client left or a deadline passed: stop vLLM's decode too
+                chunks.cancel()
 
 
 @serve.deployment(name="TargetModel", ray_actor_options={"num_cpus": 1}, max_ongoing_requests=4)
@@ -28,13 +72,16 @@ class TargetModelDeployment:
         self.config = build_part(TargetModelPart, config)
         threads = apply_thread_limits()
         use_device(self.config.device)  # tensors the model code creates land beside it
-        if self.config.target_backend == "openai":
+        if self.config.target_backend in ("openai", "ray_llm"):
             from pflash.models.source import load_tokenizer
             from pflash.models.target.upstream import OpenAITarget
 
             tokenizer = load_tokenizer(self.config.target_tokenizer or self.config.target)
             max_ctx = self.config.max_context or int(getattr(tokenizer, "model_max_length", 8192))
-            self.backend = OpenAITarget.from_config(self.config, tokenizer, max_ctx)
+            transport = None
+            if self.config.target_backend == "ray_llm":
+                transport = HandleTransport(self.config.ray_llm_app)
+            self.backend = OpenAITarget.from_config(self.config, tokenizer, max_ctx, transport)
         else:
             from pflash.models.target.hf import TransformersTarget
 

@@ -37,7 +37,7 @@ SegmentsMode = Literal["auto", "fixed", "probe"]
 ScoreMode = Literal["auto", "sum", "density"]
 ScorerKind = Literal["head", "legacy", "split"]
 DrafterProfile = Literal["auto", "generic", "qwen3", "qwen35"]
-TargetBackend = Literal["transformers", "openai"]
+TargetBackend = Literal["transformers", "openai", "ray_llm"]
 OnDrafterError = Literal["fail", "bypass"]
 ToolCallParser = Literal["hermes", "none"]
 LexicalMode = Literal["off", "anchors", "cascade"]
@@ -392,7 +392,8 @@ class GenerationConfig(Component):
         None, description="Target tokenizer source when it differs from the target model."
     )
     target_backend: TargetBackend = Field(
-        "transformers", description="transformers (in process) or openai (an upstream server)."
+        "transformers",
+        description="transformers (in process), openai (an upstream server by URL) or ray_llm (Ray Serve LLM's LLMServer in the same Ray cluster, through the ray_llm_app application).",
     )
     upstream_base_url: str | None = Field(
         None, description="openai backend: the upstream base URL (…/v1)."
@@ -411,6 +412,11 @@ class GenerationConfig(Component):
         600.0,
         gt=0,
         description="openai backend: seconds to wait for the upstream's response and for each streamed chunk; past it the request is a 504 (upstream_timeout).",
+    )
+    ray_llm_app: str = Field(
+        "llm",
+        min_length=1,
+        description="ray_llm backend: the Serve application built by deployments.ray_llm:build_llm_app (Ray Serve LLM's LLMServer behind TokenIdCompletions); upstream_model must be its model_id.",
     )
     max_context: int | None = Field(
         None, gt=0, description="Target context length; unset = read from the target model."

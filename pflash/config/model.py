@@ -128,6 +128,10 @@ class PFlashConfig(ComponentSet):
             raise ValueError("repeat_min: must not exceed repeat_max")
         if self.target_backend == "openai" and not self.upstream_base_url:
             raise ValueError("upstream_base_url: required when target_backend is openai")
+        if self.target_backend == "ray_llm" and not self.upstream_model:
+            raise ValueError(
+                "upstream_model: required when target_backend is ray_llm (the model_id of its LLMConfig)"
+            )
         return self
 
     # ------------------------------------------------------------------ derived

@@ -249,6 +249,7 @@ LAYOUT = {
         "upstream_prompt_format": "text",
         "upstream_cache_salt": True,
         "upstream_timeout_s": 600.0,
+        "ray_llm_app": "llm",
         "max_context": None,
         "speculative_tokens": 0,
         "speculative_drafter": None,
@@ -365,6 +366,7 @@ SAMPLES = [
     ("upstream_prompt_format", "token_ids", "token_ids", "token_ids"),
     ("upstream_cache_salt", False, "0", False),
     ("upstream_timeout_s", 30.0, "30", 30.0),
+    ("ray_llm_app", "vllm", "vllm", "vllm"),
     ("max_context", 4096, "4096", 4096),
     ("speculative_tokens", 4, "4", 4),
     ("speculative_drafter", "/models/s", "/models/s", "/models/s"),
@@ -414,7 +416,7 @@ def shipped_args(path: Path) -> dict:
     doc = yaml.safe_load(path.read_text())
     if doc.get("kind") == "RayService":
         doc = yaml.safe_load(doc["spec"]["serveConfigV2"])
-    (app,) = doc["applications"]
+    (app,) = [a for a in doc["applications"] if a["import_path"] == "deployments.app:build_app"]
     return app["args"]
 
 

@@ -6,15 +6,16 @@ reuse.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pflash.errors import InvalidRequest
+from pflash.errors import InvalidRequest, runtime_failure
 
 if TYPE_CHECKING:
     import httpx
@@ -161,6 +162,61 @@ def status_error(
     )
 
 
+def chunk_error(where: str, chunk: Mapping[str, Any]) -> UpstreamError | None:
+    """The exception for an error a transport yields as a chunk, `{"error": {..., "code": N}}`
+    with the HTTP status vLLM would have answered (the same table); None for a normal chunk.
+    An error without a status is the upstream failing mid-answer."""
+    err = chunk.get("error")
+    if err is None:
+        return None
+    status = err.get("code") if isinstance(err, dict) else None
+    if isinstance(status, int) and not isinstance(status, bool) and 400 <= status < 600:
+        return status_error(where, status, json.dumps({"error": err}))
+    message = err.get("message") if isinstance(err, dict) else str(err)
+    return UpstreamError(f"upstream failed mid-stream: {where}: {message}")
+
+
+def runtime_error(where: str, exc: BaseException) -> UpstreamError | None:
+    """The exception for a runtime failure reaching an upstream deployment through a handle
+    (`RUNTIME_FAILURES`: overload is a 503 with Retry-After, a lost replica 502
+    upstream_unavailable, a deadline 504); None for anything else."""
+    failure = runtime_failure(exc)
+    if failure is None:
+        return None
+    status, _, code, _ = failure
+    detail = f"{where}: {type(exc).__name__}: {exc}"
+    if status == 504:
+        return UpstreamTimeout(f"upstream timed out: {detail}", code="upstream_timeout")
+    if code == "backpressure":
+        return UpstreamOverloaded(
+            f"the target model is overloaded, retry later: {detail}",
+            upstream_status=503,
+        )
+    return UpstreamError(f"upstream unavailable: {detail}", code="upstream_unavailable")
+
+
+class ChunkTransport(Protocol):
+    """How `OpenAITarget` reaches an upstream that is not an HTTP URL (a Serve deployment
+    handle, `target_backend: ray_llm`): send `body` for `path` ("/completions") and yield the
+    answer's JSON chunks (a whole answer is one chunk). Failures are raised (Ray's runtime
+    errors are mapped by `runtime_error`) or yielded as `chunk_error` chunks."""
+
+    def __call__(
+        self, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> AsyncIterator[dict[str, Any]]: ...
+
+
+async def next_within(chunks: AsyncIterator[Any], timeout_s: float, where: str) -> Any:
+    """The next chunk, or StopAsyncIteration; a 504 `UpstreamTimeout` when none arrives in
+    `timeout_s` (the same per-chunk bound the HTTP path gets from httpx)."""
+    try:
+        return await asyncio.wait_for(anext(chunks), timeout_s)
+    except TimeoutError as exc:
+        raise UpstreamTimeout(
+            f"upstream timed out: {where} (no chunk in {timeout_s:g} s)", code="upstream_timeout"
+        ) from exc
+
+
 # ---------------------------------------------------------------------- OpenAI upstream
 
 
@@ -238,6 +294,9 @@ class OpenAITarget(TargetBackend):
     Failures map as the table at the top of this module says; `timeout_s` bounds the wait
     for the response and for each streamed chunk (`upstream_timeout_s`).
 
+    `transport` replaces HTTP with another way to reach the same `/v1/completions` body
+    (`ChunkTransport`; `base_url` then only names the upstream in logs).
+
     Timings: the upstream's llama.cpp-style `timings` when it sends them; otherwise
     `cache_n` from `usage.prompt_tokens_details.cached_tokens`, `prompt_ms` is the time to
     the first delta and `predicted_ms` the time from there to the end, as seen here.
@@ -257,9 +316,8 @@ class OpenAITarget(TargetBackend):
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
         client: httpx.AsyncClient | None = None,
+        transport: ChunkTransport | None = None,
     ):
-        import httpx
-
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.tokenizer = tokenizer
@@ -267,19 +325,42 @@ class OpenAITarget(TargetBackend):
         self.prompt_format = prompt_format
         self.cache_salt = cache_salt
         self.stream = stream
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), headers=headers
-        )
+        self.timeout_s = timeout_s
+        self._transport = transport
+        self._client = None
+        if transport is None:
+            import httpx
+
+            headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+            self._client = client or httpx.AsyncClient(
+                timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), headers=headers
+            )
         encoded = tokenizer("x", add_special_tokens=True)["input_ids"]
         bos = tokenizer.bos_token_id
         self._upstream_adds_bos = bos is not None and bool(encoded) and encoded[0] == bos
 
     @classmethod
     def from_config(
-        cls, config: GenerationConfig, tokenizer: Any, max_context: int
+        cls,
+        config: GenerationConfig,
+        tokenizer: Any,
+        max_context: int,
+        transport: ChunkTransport | None = None,
     ) -> OpenAITarget:
-        """From the `generation` knobs (the whole config or a part holding it reads the same)."""
+        """From the `generation` knobs (the whole config or a part holding it reads the same).
+        With a `transport` (`target_backend: ray_llm`) the prompt always goes as token ids
+        and `upstream_base_url` is not needed."""
+        if transport is not None:
+            return cls(
+                f"ray_llm app {config.ray_llm_app!r}",
+                config.upstream_model or config.target,
+                tokenizer,
+                max_context,
+                prompt_format="token_ids",
+                cache_salt=config.upstream_cache_salt,
+                timeout_s=config.upstream_timeout_s,
+                transport=transport,
+            )
         if not config.upstream_base_url:
             raise ValueError("OpenAITarget needs upstream_base_url")
         return cls(
@@ -294,7 +375,8 @@ class OpenAITarget(TargetBackend):
         )
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
 
     def _prompt(self, prompt_ids: list[int]) -> str | list[int]:
         if self.prompt_format == "token_ids":
@@ -373,14 +455,18 @@ class OpenAITarget(TargetBackend):
     async def _request(
         self, path: str, body: dict[str, Any], prompt_len: int, session_id: str | None
     ) -> AsyncIterator[GenerationEvent]:
-        import httpx
-
-        url = self.base_url + path
         headers = {"x-session-id": session_id} if session_id else {}
         body = {**body, "stream": self.stream}
         if self.stream:
             body["stream_options"] = {"include_usage": True}
         state = _UpstreamStream(prompt_len, time.perf_counter())
+        if self._transport is not None:
+            async for event in self._transported(path, body, headers, state):
+                yield event
+            return
+        import httpx
+
+        url = self.base_url + path
         try:
             if not self.stream:
                 response = await self._client.post(url, json=body, headers=headers)
@@ -422,6 +508,38 @@ class OpenAITarget(TargetBackend):
             ) from exc
         except httpx.HTTPError as exc:
             raise UpstreamError(f"upstream failed: {url}: {type(exc).__name__}: {exc}") from exc
+
+    async def _transported(
+        self, path: str, body: dict[str, Any], headers: dict[str, str], state: _UpstreamStream
+    ) -> AsyncIterator[GenerationEvent]:
+        """`_request` through `self._transport`: the same chunks, errors and timeouts."""
+        assert self._transport is not None
+        where = self.base_url
+        chunks = aiter(self._transport(path, body, headers))
+        try:
+            while True:
+                try:
+                    chunk = await next_within(chunks, self.timeout_s, where)
+                except StopAsyncIteration:
+                    break
+                error = chunk_error(where, chunk)
+                if error is not None:
+                    raise error
+                delta = state.feed(chunk)
+                if delta is not None:
+                    yield delta
+        except UpstreamError:
+            raise
+        except Exception as exc:
+            error = runtime_error(where, exc)
+            if error is None:
+                raise
+            raise error from exc
+        finally:
+            close = getattr(chunks, "aclose", None)
+            if close is not None:
+                await close()
+        yield state.done()
 
     @staticmethod
     def _json(url: str, text: str) -> dict[str, Any]:
