@@ -100,11 +100,12 @@ def build_config(work: Path, port: int, keep: float) -> Path:
     return write_app_variants(cfg, variants, work)
 
 
-def write_app_variants(cfg: dict, variants: dict[str, dict], work: Path) -> Path:
-    """`cfg` with its first application copied once per variant (name → extra args), each
-    at route /<name>, written to work/serve_config.yaml."""
-    base = cfg["applications"][0]
-    apps = []
+def write_app_variants(cfg: dict, variants: dict[str, dict], work: Path, index: int = 0) -> Path:
+    """`cfg` with its application number `index` copied once per variant (name → extra args),
+    each at route /<name>, the other applications kept as they are (e.g. Ray Serve LLM's),
+    written to work/serve_config.yaml."""
+    apps = [app for i, app in enumerate(cfg["applications"]) if i != index]
+    base = cfg["applications"][index]
     for name, extra in variants.items():
         app = copy.deepcopy(base)
         app.update(name=name, route_prefix=f"/{name}")

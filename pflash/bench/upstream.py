@@ -3,11 +3,14 @@
     python -m pflash.bench.upstream [--vllm-url http://127.0.0.1:8100/v1]
         [--lengths 4096 7168] [--runs 3] [--keep 0.1] [--chars 16000] [--turns 3]
         [--concurrency 8] [--parts ttft multiturn concurrency] [--out results.json]
+        [--target vllm|ray_llm]
 
 The target is vLLM (`target_backend: openai`, examples/serve_config.vllm.yaml: token-id
 prompts, vLLM's prefix cache on), the drafter the embedded SmolLM2 in Ray. Without
 `--vllm-url` it starts vLLM itself with scripts/vllm_upstream.sh (PFLASH_VLLM_VENV,
-PFLASH_VLLM_MODEL_DIR) and stops it at the end.
+PFLASH_VLLM_MODEL_DIR) and stops it at the end. `--target ray_llm` measures the same with
+Ray Serve LLM's LLMServer as the target (`target_backend: ray_llm`,
+examples/serve_config.ray_llm.yaml: vLLM inside the Ray cluster, reached by handle).
 
 One Ray cluster, two applications from the example: `views` (as shipped) and `noview`
 (`chat_view: false`: a fresh compression every turn). Parts:
@@ -70,15 +73,29 @@ def start_vllm(work: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("vLLM did not come up")
 
 
-def build_config(work: Path, port: int, vllm: str, keep: float) -> Path:
-    cfg = yaml.safe_load((ROOT / "examples" / "serve_config.vllm.yaml").read_text())
+def build_config(work: Path, port: int, vllm: str | None, keep: float) -> Path:
+    """The two PFlash apps (`views`, `noview`) in front of vLLM at `vllm`, or, with `vllm`
+    None, in front of Ray Serve LLM in the same cluster (examples/serve_config.ray_llm.yaml,
+    its `llm` app on vLLM's venv: PFLASH_VLLM_VENV, PFLASH_VLLM_MODEL_DIR)."""
+    example = "serve_config.vllm.yaml" if vllm else "serve_config.ray_llm.yaml"
+    cfg = yaml.safe_load((ROOT / "examples" / example).read_text())
     cfg["http_options"]["port"] = port
-    base = cfg["applications"][0]
-    base["args"].update(upstream_base_url=vllm, keep_ratio=keep, threshold=1_000_000)
+    index = 0 if vllm else 1
+    base = cfg["applications"][index]
+    if vllm:
+        base["args"].update(upstream_base_url=vllm)
+    else:
+        venv = Path(os.environ.get("PFLASH_VLLM_VENV", ROOT / ".venv-vllm"))
+        llm = cfg["applications"][0]
+        llm["runtime_env"]["py_executable"] = str(venv / "bin" / "python")
+        source = os.environ.get("PFLASH_VLLM_MODEL_DIR", str(venv / "model"))
+        llm["args"]["llm_config"]["model_loading_config"]["model_source"] = source
+    base["args"].update(keep_ratio=keep, threshold=1_000_000)
     shares = {"Ingress": 0.1, "DrafterScorer": 0.5, "SegmentProbe": 0.05, "TargetModel": 0.05}
     for dep in base["deployments"]:  # two apps beside vLLM on 2 CPUs
         dep["ray_actor_options"]["num_cpus"] = shares[dep["name"]]
-    return write_app_variants(cfg, {"views": {}, "noview": {"chat_view": False}}, work)
+    variants = {"views": {}, "noview": {"chat_view": False}}
+    return write_app_variants(cfg, variants, work, index)
 
 
 def _client(base: str, app: str):
@@ -272,6 +289,13 @@ def tables(results: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm-url", default=None, help="a running vLLM (…/v1); else started")
+    parser.add_argument(
+        "--target",
+        choices=["vllm", "ray_llm"],
+        default="vllm",
+        help="vllm: vLLM as its own server (target_backend openai); ray_llm: Ray Serve LLM's "
+        "LLMServer in the same Ray cluster (target_backend ray_llm)",
+    )
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 7168])
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement (median)")
     parser.add_argument("--mt-runs", type=int, default=1, help="runs of the multi-turn part")
@@ -291,11 +315,14 @@ def main(argv: list[str] | None = None) -> None:
     from pflash.models.source import load_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="pflash-upstream-"))
-    vllm_proc, vllm = (None, args.vllm_url) if args.vllm_url else start_vllm(work)
+    vllm_proc, vllm = None, None
+    if args.target == "vllm":
+        vllm_proc, vllm = (None, args.vllm_url) if args.vllm_url else start_vllm(work)
+        vllm = vllm.rstrip("/")
     port = free_port()
-    cluster = ServeCluster(build_config(work, port, vllm.rstrip("/"), args.keep), work)
+    cluster = ServeCluster(build_config(work, port, vllm, args.keep), work)
     base = f"http://127.0.0.1:{port}"
-    results: dict = {"keep": args.keep, "vllm": vllm}
+    results: dict = {"keep": args.keep, "vllm": vllm or "ray_llm"}
     try:
         ping = {"prompt": "Hi", "max_tokens": 1, "pflash_mode": "off"}
         cluster.start(f"{base}/views/v1/completions", ping, timeout_s=600)
