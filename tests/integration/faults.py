@@ -15,7 +15,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
+ROOT = Path(__file__).resolve().parents[2]
 LICENSE = Path("/usr/share/common-licenses/GPL-3").read_text()
 HANG_S = 600.0  # a request still open after this is a hang
 
@@ -110,3 +112,17 @@ def recovery(app: str, killed_at: float, body: dict, limit_s: float = 240.0):
         refused += 1
         time.sleep(1.0)
     pytest.fail(f"no successful request within {limit_s:.0f} s of the kill")
+
+
+def write_config(tmp: Path, port: int, call_deadline_s: float, edit) -> Path:
+    """serve_config.yaml as shipped, on `port`, with `remote_call_timeout_s` and
+    `edit(deployment)` applied to each deployment's entry; written into `tmp`."""
+    base = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    base["http_options"]["port"] = port
+    app = base["applications"][0]
+    app["args"]["remote_call_timeout_s"] = call_deadline_s
+    for dep in app["deployments"]:
+        edit(dep)
+    path = tmp / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(base, sort_keys=False))
+    return path

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pflash.bench.launch import ServeCluster, free_port
 
@@ -34,7 +33,6 @@ import faults  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 DRAFTER_QUEUE = 6  # DrafterScorer max_queued_requests here: 50 requests must overflow it
 CONCURRENT = 50
 # remote_call_timeout_s here: above the load test's slowest served request. Ray's queue limit
@@ -44,16 +42,11 @@ CALL_DEADLINE_S = 100.0
 
 
 def _config(tmp: Path, port: int) -> Path:
-    base = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    base["http_options"]["port"] = port
-    app = base["applications"][0]
-    app["args"]["remote_call_timeout_s"] = CALL_DEADLINE_S
-    for dep in app["deployments"]:
+    def edit(dep: dict) -> None:
         if dep["name"] == "DrafterScorer":
             dep["max_queued_requests"] = DRAFTER_QUEUE
-    path = tmp / "serve_config.yaml"
-    path.write_text(yaml.safe_dump(base, sort_keys=False))
-    return path
+
+    return faults.write_config(tmp, port, CALL_DEADLINE_S, edit)
 
 
 @pytest.fixture(scope="module")

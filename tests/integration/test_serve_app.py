@@ -417,14 +417,7 @@ def test_openai_backend_streams_an_uncompressed_chat(server):
 
 
 def test_a_tool_call_in_the_answer_comes_back_as_tool_calls(client):
-    r = client.chat.completions.create(
-        model="pflash",
-        messages=tool_chat.tool_messages("Paris"),
-        tools=[tool_chat.WEATHER_TOOL],
-        max_tokens=40,
-        temperature=0,
-        extra_body={"pflash_mode": "off"},
-    )
+    r = client.chat.completions.create(**tool_chat.tool_request("Paris"))
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     (call,) = choice.message.tool_calls
@@ -434,15 +427,7 @@ def test_a_tool_call_in_the_answer_comes_back_as_tool_calls(client):
 
 
 def test_a_streamed_tool_call_arrives_as_a_tool_calls_delta_never_as_text(client):
-    stream = client.chat.completions.create(
-        model="pflash",
-        messages=tool_chat.tool_messages("Paris"),
-        tools=[tool_chat.WEATHER_TOOL],
-        max_tokens=40,
-        temperature=0,
-        stream=True,
-        extra_body={"pflash_mode": "off"},
-    )
+    stream = client.chat.completions.create(**tool_chat.tool_request("Paris"), stream=True)
     chunks = [c for c in stream if c.choices]
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
     calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
@@ -453,15 +438,7 @@ def test_a_streamed_tool_call_arrives_as_a_tool_calls_delta_never_as_text(client
 
 
 def test_tool_choice_none_returns_the_answer_as_text(client):
-    r = client.chat.completions.create(
-        model="pflash",
-        messages=tool_chat.tool_messages("Paris"),
-        tools=[tool_chat.WEATHER_TOOL],
-        tool_choice="none",
-        max_tokens=40,
-        temperature=0,
-        extra_body={"pflash_mode": "off"},
-    )
+    r = client.chat.completions.create(**tool_chat.tool_request("Paris"), tool_choice="none")
     assert "<tool_call>" in r.choices[0].message.content
     assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason == "stop"
 

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pflash.bench.launch import ServeCluster, free_port
 
@@ -27,25 +26,19 @@ import faults  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 CALL_DEADLINE_S = 30.0
 
 
 def _config(tmp: Path, port: int) -> Path:
-    base = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    base["http_options"]["port"] = port
-    app = base["applications"][0]
-    app["args"]["remote_call_timeout_s"] = CALL_DEADLINE_S
-    for dep in app["deployments"]:
+    def edit(dep: dict) -> None:
         node = "target_node" if dep["name"] == "TargetModel" else "head_node"
         dep["ray_actor_options"]["resources"] = {node: 0.01}
         if dep["name"] == "TargetModel":
             dep["ray_actor_options"]["num_cpus"] = 0.85
         if dep["name"] == "DrafterScorer":
             dep["ray_actor_options"]["num_cpus"] = 0.7
-    path = tmp / "serve_config.yaml"
-    path.write_text(yaml.safe_dump(base, sort_keys=False))
-    return path
+
+    return faults.write_config(tmp, port, CALL_DEADLINE_S, edit)
 
 
 @pytest.fixture(scope="module")

@@ -273,14 +273,7 @@ def test_later_turns_are_served_from_the_view_and_hit_vllms_prefix_cache(stack, 
 def test_a_tool_call_passes_through_vllm_and_comes_back_as_tool_calls(client):
     """The ingress sends vLLM token ids (`/v1/completions`), so vLLM's tool parser never
     sees the answer: PFlash reads the hermes call itself, streamed and whole."""
-    ask = dict(
-        model="pflash",
-        messages=tool_chat.tool_messages("Paris"),
-        tools=[tool_chat.WEATHER_TOOL],
-        max_tokens=40,
-        temperature=0,
-        extra_body={"pflash_mode": "off"},
-    )
+    ask = tool_chat.tool_request("Paris")
     choice = client.chat.completions.create(**ask).choices[0]
     assert choice.finish_reason == "tool_calls", choice
     (call,) = choice.message.tool_calls
