@@ -47,6 +47,8 @@ DRAFTER_KEYS = (
     "drafter_attention",
     "drafter_window_tokens",
     "drafter_sink_tokens",
+    "drafter_block_tokens",
+    "drafter_top_blocks",
     "drafter_head_layer",
     "drafter_lookahead_tokens",
     "drafter_lookahead_weight",

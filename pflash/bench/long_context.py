@@ -1,6 +1,7 @@
-"""Long-context drafter benchmark (issue 15): dense vs windowed drafter attention.
+"""Long-context drafter benchmark (issue 15): dense vs windowed vs block-sparse drafter
+attention.
 
-`python -m pflash.bench.long_context [--lengths 8192 16384] [--modes dense window]`
+`python -m pflash.bench.long_context [--lengths 8192 16384] [--modes dense window block_sparse]`
 
 For each prompt length and attention mode: one needle ("The special magic <animal> number
 is: <7 digits>.") at each of five depths of real text (the license texts under
@@ -161,7 +162,15 @@ def peak_rss_mb() -> float:
 
 
 def run_case(
-    length: int, mode: str, depths: tuple[float, ...], *, window: int, sink: int, threads: int
+    length: int,
+    mode: str,
+    depths: tuple[float, ...],
+    *,
+    window: int,
+    sink: int,
+    threads: int,
+    block: int = 128,
+    top: int = 8,
 ) -> CaseResult:
     """Every depth of one (length, mode) with one loaded drafter (this process)."""
     import torch
@@ -181,6 +190,8 @@ def run_case(
         "drafter_attention": mode,
         "drafter_window_tokens": window,
         "drafter_sink_tokens": sink,
+        "drafter_block_tokens": block,
+        "drafter_top_blocks": top,
         "drafter_sessions": 0,
     }
     configs = {k: build_config({**base, "keep_ratio": k}, env={}) for k in KEEPS}
@@ -258,10 +269,17 @@ def table(rows: list[CaseResult]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384, 32768])
-    ap.add_argument("--modes", nargs="+", choices=["dense", "window"], default=["dense", "window"])
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["dense", "window", "block_sparse"],
+        default=["dense", "window", "block_sparse"],
+    )
     ap.add_argument("--depths", type=float, nargs="+", default=list(DEPTHS))
     ap.add_argument("--window", type=int, default=2048, help="drafter_window_tokens")
     ap.add_argument("--sink", type=int, default=64, help="drafter_sink_tokens")
+    ap.add_argument("--block", type=int, default=128, help="drafter_block_tokens")
+    ap.add_argument("--top", type=int, default=8, help="drafter_top_blocks")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument(
         "--dense-max", type=int, default=32768, help="skip dense above this many tokens"
@@ -277,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
             window=args.window,
             sink=args.sink,
             threads=args.threads,
+            block=args.block,
+            top=args.top,
         )
         print(json.dumps(asdict(r)))
         return 0
@@ -300,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
                 str(args.window),
                 "--sink",
                 str(args.sink),
+                "--block",
+                str(args.block),
+                "--top",
+                str(args.top),
                 "--threads",
                 str(args.threads),
             ]

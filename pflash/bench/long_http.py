@@ -169,7 +169,9 @@ def table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[32768, 131072])
-    parser.add_argument("--attention", choices=("dense", "window"), default="window")
+    parser.add_argument(
+        "--attention", choices=("dense", "window", "block_sparse"), default="window"
+    )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument(
         "--drafter-cpus",

@@ -335,19 +335,29 @@ class ScoringConfig(Component):
         le=16,
         description="Per-conversation drafter scoring sessions kept (LRU); 0 = none.",
     )
-    drafter_attention: Literal["dense", "window"] = Field(
+    drafter_attention: Literal["dense", "window", "block_sparse"] = Field(
         "dense",
-        description="Attention of the drafter layers below the scoring layer (head scorer): dense (every earlier token; time quadratic, KV cache linear in the prompt) or window (the first drafter_sink_tokens plus the last drafter_window_tokens; time linear, KV cache bounded). The scoring layer still reads every token. Legacy/split scorers and look-ahead stay dense.",
+        description="Attention of the drafter layers below the scoring layer (head scorer): dense (every earlier token; time quadratic, KV cache linear in the prompt), window (the first drafter_sink_tokens plus the last drafter_window_tokens; time linear, KV cache bounded) or block_sparse (per block of drafter_block_tokens queries: the sink, the window and the drafter_top_blocks earlier blocks whose mean key best matches the block's mean query; time linear, KV cache linear). The scoring layer still reads every token. Legacy/split scorers and look-ahead stay dense.",
     )
     drafter_window_tokens: int = Field(
         2048,
         ge=16,
-        description="drafter_attention window: the last tokens each drafter query sees; a window covering the prompt gives the dense scores.",
+        description="drafter_attention window and block_sparse: the last tokens each drafter query sees; a window covering the prompt gives the dense scores.",
     )
     drafter_sink_tokens: int = Field(
         64,
         ge=0,
-        description="drafter_attention window: the first tokens every drafter query also sees (attention sinks: softmax parks surplus mass there, dropping them distorts later layers).",
+        description="drafter_attention window and block_sparse: the first tokens every drafter query also sees (attention sinks: softmax parks surplus mass there, dropping them distorts later layers).",
+    )
+    drafter_block_tokens: int = Field(
+        128,
+        ge=16,
+        description="drafter_attention block_sparse: tokens per query and key block.",
+    )
+    drafter_top_blocks: int = Field(
+        8,
+        ge=0,
+        description="drafter_attention block_sparse: earlier blocks beyond the sink and the window each query block also reads, chosen by mean query . mean key; enough to cover the prompt gives the dense scores.",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto",

@@ -13,7 +13,9 @@ Reading order, top-down (1 in `profile.py`, 2-5 in `attention.py`, 6 here):
    never computed and memory grows linearly with the prompt. With `drafter_attention:
    window` (`window.py`) layers 0..L-1 attend to the first sink tokens and a sliding
    window only (a 4D mask per chunk, a KV cache that evicts what no later query reads), so
-   time is linear and the cache bounded; layer L's NoPE Q/K still cover every token.
+   time is linear and the cache bounded; layer L's NoPE Q/K still cover every token. With
+   `block_sparse` (`block_sparse.py`) each block of queries reads the sink, the window and
+   the earlier blocks its mean query ranks highest: time linear, the cache the dense one.
 3. `head_keys` / `head_queries`: layer L's `input_layernorm`, `k_proj`/`q_proj` (or the
    trained head's weights), `k_norm`/`q_norm`, no rotary: the NoPE head (§3.3 steps 1, 3).
 4. `window_mass`: per window, softmax over the visible keys per (head, row) in fp32,
@@ -38,6 +40,7 @@ import logging
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,6 +66,7 @@ from pflash.models.drafter.attention import (
     visible_keys,
     window_mass,
 )
+from pflash.models.drafter.block_sparse import BlockSparseSpec, block_sparse_trunk
 from pflash.models.drafter.calibration import Calibration, load_calibration
 from pflash.models.drafter.profile import resolve_profile
 from pflash.models.drafter.scoring_head import (
@@ -227,6 +231,24 @@ class DrafterScorer:
             slack=CHECKPOINT_TAIL,
         )
 
+    @property
+    def block_sparse(self) -> BlockSparseSpec | None:
+        """The trunk's block-sparse attention (`drafter_attention: block_sparse`), or None."""
+        if getattr(self.config, "drafter_attention", "dense") != "block_sparse":
+            return None
+        return BlockSparseSpec(
+            block=self.config.drafter_block_tokens,
+            sink=self.config.drafter_sink_tokens,
+            window=self.config.drafter_window_tokens,
+            top=self.config.drafter_top_blocks,
+        )
+
+    def _trunk_attention(self):
+        """The context a trunk-only forward runs in: block-sparse attention when configured
+        (the cache stays the dense one), else the model's own."""
+        spec = self.block_sparse
+        return block_sparse_trunk(self.model, spec) if spec is not None else nullcontext()
+
     def new_trunk_cache(self):
         """The cache of a trunk-only forward (head scorer): windowed when configured; the
         legacy scorer and look-ahead read every layer's full KV and keep `new_cache`."""
@@ -320,7 +342,11 @@ class DrafterScorer:
             extras=self._extras(
                 windows=scored,
                 skipped_windows=[s.as_list() for s in plan.skipped],
-                drafter_attention="window" if is_windowed(cache) else "dense",
+                drafter_attention="window"
+                if is_windowed(cache)
+                else "block_sparse"
+                if self.block_sparse is not None
+                else "dense",
             ),
         )
 
@@ -465,15 +491,16 @@ class DrafterScorer:
                     )
                     out.last_hidden = final[-1]
                 else:
-                    x = run_trunk_chunk(
-                        self.model,
-                        ids_t[a:b],
-                        a,
-                        cache,
-                        tap_layer=self.profile.head_layer,
-                        stop_at_tap=True,
-                        attention_mask=self._trunk_mask(cache, a, b - a),
-                    )
+                    with self._trunk_attention():
+                        x = run_trunk_chunk(
+                            self.model,
+                            ids_t[a:b],
+                            a,
+                            cache,
+                            tap_layer=self.profile.head_layer,
+                            stop_at_tap=True,
+                            attention_mask=self._trunk_mask(cache, a, b - a),
+                        )
                 x = x.float()  # [c, hidden]
                 out.keys.append(head_keys(self.layer, x, n_kv=self.n_kv, head=self.head))
                 if want_tap:
