@@ -239,7 +239,7 @@ class Ingress:
         model loaded (`/healthz` only says this process lives). A 503 lists which did not;
         load balancers and KubeRay's readiness probe route on it."""
         calls = {
-            "target": self.target.info.remote(),
+            "target": self.target.ready.remote(),
             "drafter": self._drafter.ready.remote(),
             "session_store": self.compressor.store._call("stats"),
         }

@@ -53,7 +53,13 @@ class TokenIdCompletions:
     """Plain-dict `/v1/completions` in front of one `LLMServer` (see the module docstring)."""
 
     def __init__(self, server: DeploymentHandle):
+        self._server = server
         self.server = server.options(stream=True)  # stream=True even for a whole answer
+
+    async def ready(self) -> None:
+        """Returns once the LLMServer has a replica whose engine passes its health check
+        (PFlash's /readyz asks this through the TargetModel)."""
+        await self._server.check_health.remote()
 
     async def completions(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         from pydantic import ValidationError

@@ -46,8 +46,13 @@ class HandleTransport:
                     f"{ADAPTER_NAME} deployment (ray_llm_app): {exc}",
                     code="upstream_unavailable",
                 ) from exc
-            self._handle = handle.options(stream=True)
-        return self._handle
+            self._handle = handle
+        return self._handle.options(stream=True)
+
+    async def ready(self) -> None:
+        """The engine behind the adapter passes its health check (see TokenIdCompletions)."""
+        self.handle()
+        await self._handle.ready.remote()
 
     async def __call__(
         self, path: str, body: dict[str, Any], headers: dict[str, str]
@@ -70,6 +75,7 @@ class TargetModelDeployment:
     def __init__(self, config: dict[str, Any]):
         """`config`: the keys of this deployment's `TargetModelPart` (build_app)."""
         self.config = build_part(TargetModelPart, config)
+        self.transport: HandleTransport | None = None
         threads = apply_thread_limits()
         use_device(self.config.device)  # tensors the model code creates land beside it
         if self.config.target_backend in ("openai", "ray_llm"):
@@ -78,10 +84,9 @@ class TargetModelDeployment:
 
             tokenizer = load_tokenizer(self.config.target_tokenizer or self.config.target)
             max_ctx = self.config.max_context or int(getattr(tokenizer, "model_max_length", 8192))
-            transport = None
             if self.config.target_backend == "ray_llm":
-                transport = HandleTransport(self.config.ray_llm_app)
-            self.backend = OpenAITarget.from_config(self.config, tokenizer, max_ctx, transport)
+                self.transport = HandleTransport(self.config.ray_llm_app)
+            self.backend = OpenAITarget.from_config(self.config, tokenizer, max_ctx, self.transport)
         else:
             from pflash.models.target.hf import TransformersTarget
 
@@ -94,6 +99,13 @@ class TargetModelDeployment:
 
     def info(self) -> dict[str, Any]:
         return {"max_context": self.backend.max_context, "backend": self.config.target_backend}
+
+    async def ready(self) -> dict[str, Any]:
+        """`info`, once the target can answer: for ray_llm, once Ray Serve LLM's engine is up
+        (it starts minutes after this replica); the other backends are ready when loaded."""
+        if self.transport is not None:
+            await self.transport.ready()
+        return self.info()
 
     async def generate(
         self,

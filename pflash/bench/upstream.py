@@ -90,6 +90,9 @@ def build_config(work: Path, port: int, vllm: str | None, keep: float) -> Path:
         llm["runtime_env"]["py_executable"] = str(venv / "bin" / "python")
         source = os.environ.get("PFLASH_VLLM_MODEL_DIR", str(venv / "model"))
         llm["args"]["llm_config"]["model_loading_config"]["model_source"] = source
+        # two PFlash apps (1.4 CPUs) beside the engine's bundle on 2 CPUs: Ray must be able to
+        # place it (vLLM's threads do not follow Ray's share either way)
+        llm["args"]["llm_config"]["placement_group_config"]["bundles"] = [{"CPU": 0.6}]
     base["args"].update(keep_ratio=keep, threshold=1_000_000)
     shares = {"Ingress": 0.1, "DrafterScorer": 0.5, "SegmentProbe": 0.05, "TargetModel": 0.05}
     for dep in base["deployments"]:  # two apps beside vLLM on 2 CPUs

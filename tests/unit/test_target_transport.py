@@ -255,6 +255,10 @@ def test_a_stream_left_early_cancels_the_engines_request_and_a_finished_one_does
                 responses.append(FakeResponses(STREAM))
                 return responses[-1]
 
+        def options(self, stream):
+            assert stream is True
+            return self
+
     transport._handle = Handle()
 
     async def first_only():

@@ -13,8 +13,8 @@ Applications:
   TokenIdCompletions takes 1 request at a time and queues 1, so overload is reachable;
 - `pflash` at /: the example's, with pflash_return_prompt allowed;
 - `gw` at /gw: the same app with a 3 s upstream_timeout_s and a max_context (16384) above
-  vLLM's (8192), so vLLM's own 400, a stalled engine and a full queue are each shown
-  through the real gateway. The LLM replica is stopped (SIGSTOP) for the stall, never
+  vLLM's (8192), so vLLM's own 400, a stalled engine (and /readyz saying so) and a full
+  queue are each shown through the real gateway. The LLM replica is stopped (SIGSTOP) for the stall, never
   long enough for Serve's health check (30 s) to replace it.
 """
 
@@ -156,8 +156,10 @@ def test_a_stalled_engine_is_a_504_and_a_full_queue_a_503_then_it_answers_again(
     os.kill(pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
-        with ThreadPoolExecutor(4) as pool:  # 1 in the adapter, 1 queued, the rest refused
+        with ThreadPoolExecutor(5) as pool:  # 1 in the adapter, 1 queued, the rest refused
+            ready = pool.submit(httpx.get, f"{stack['http']}/gw/readyz", timeout=60)
             answers = list(pool.map(lambda _: _gw_post(stack, body), range(4)))
+            ready = ready.result()
         took = time.monotonic() - t0
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -171,5 +173,8 @@ def test_a_stalled_engine_is_a_504_and_a_full_queue_a_503_then_it_answers_again(
         else:
             assert (r.status_code, err["code"]) == (504, "upstream_timeout")
     assert took < 4 * GW_TIMEOUT_S + 5
+    # /readyz asks the engine itself, not only the TargetModel in front of it
+    assert ready.status_code == 503 and ready.json()["checks"]["target"] == "unavailable"
     r = _gw_post(stack, body)
     assert r.status_code == 200, r.text
+    assert httpx.get(f"{stack['http']}/gw/readyz", timeout=60).json()["checks"]["target"] == "ok"
