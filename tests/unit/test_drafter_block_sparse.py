@@ -121,13 +121,13 @@ def test_a_small_top_changes_the_trunk_and_restores_the_models_attention(kind):
 
 def test_a_16k_prompt_reads_a_fixed_number_of_keys_per_query_block(monkeypatch):
     reads = []
-    original = F.scaled_dot_product_attention
+    original = block_sparse.attend
 
-    def counting(q, k, v, **kw):
+    def counting(q, k, v, allowed, scale):
         reads.append(k.shape[-2])
-        return original(q, k, v, **kw)
+        return original(q, k, v, allowed, scale)
 
-    monkeypatch.setattr(block_sparse.F, "scaled_dot_product_attention", counting)
+    monkeypatch.setattr(block_sparse, "attend", counting)
     scorer = sparse("llama", block=64, sink=16, window=256, top=2, drafter_chunk_tokens=512)
     result = scorer(request(16384, tap=False))
     assert result.mass.shape == (16384,) and np.isfinite(result.mass).all()

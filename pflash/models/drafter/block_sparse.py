@@ -100,6 +100,17 @@ def selected_blocks(
     return chosen.sort(dim=1).values
 
 
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Softmax attention per KV head: q [KVH, R, D] (the rows of every query head sharing
+    that KV head), k/v [KVH, M, D], allowed bool [KVH, R, M] -> [KVH, R, D]. Plain matmuls:
+    with a mask, torch's CPU SDPA takes the same math path and adds copies."""
+    scores = torch.bmm(q, k.transpose(1, 2)).mul_(scale)
+    scores.masked_fill_(~allowed, float("-inf"))
+    return torch.bmm(torch.softmax(scores, dim=-1), v)
+
+
 def block_sparse_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -109,35 +120,30 @@ def block_sparse_attention(
 ) -> torch.Tensor:
     """Attention of the chunk's queries [1, H, c, D] (the last c positions of the keys)
     over keys/values [1, KVH, K, D] held for positions 0..K-1, reading only the blocks
-    `selected_blocks` picks; returns [1, c, H, D] (transformers' attention output layout)."""
+    `selected_blocks` picks; returns [1, c, H, D] (transformers' attention output layout).
+    Query head h reads KV head h // (H / KVH), as transformers' `repeat_kv` does."""
     _, n_head, c, d = query.shape
     kvh, k_len = key.shape[1], key.shape[2]
     group = n_head // kvh
+    scale = scaling if scaling is not None else d**-0.5
     start = k_len - c
     b = spec.block
     q, keys, values = query[0], key[0], value[0]
     means = block_means(keys, b)
     offsets = torch.arange(b)
+    heads = torch.arange(kvh).unsqueeze(1)
     outs = []
     for q_block in range(start // b, math.ceil(k_len / b)):
         qa, qb = max(start, q_block * b), min(k_len, (q_block + 1) * b)
-        qs = q[:, qa - start : qb - start]  # [H, n, D]
-        q_mean = qs.reshape(kvh, group, qb - qa, d).mean(dim=(1, 2))
-        blocks = selected_blocks(q_mean, means, q_block, spec)  # [KVH, m]
+        n = qb - qa
+        qg = q[:, qa - start : qb - start].reshape(kvh, group * n, d)  # rows: head-major
+        blocks = selected_blocks(qg.mean(dim=1), means, q_block, spec)  # [KVH, m]
         pos = (blocks.unsqueeze(-1) * b + offsets).reshape(kvh, -1)  # [KVH, m*b]
-        idx = pos.clamp(max=k_len - 1).unsqueeze(-1).expand(-1, -1, d)
-        kg = keys.gather(1, idx).repeat_interleave(group, dim=0)  # [H, m*b, D]
-        vg = values.gather(1, idx).repeat_interleave(group, dim=0)
-        q_pos = torch.arange(qa, qb)
-        allowed = pos.repeat_interleave(group, dim=0).unsqueeze(1) <= q_pos[None, :, None]
-        out = F.scaled_dot_product_attention(
-            qs.unsqueeze(0),
-            kg.unsqueeze(0),
-            vg.unsqueeze(0),
-            attn_mask=allowed.unsqueeze(0),
-            scale=scaling,
-        )
-        outs.append(out[0])
+        safe = pos.clamp(max=k_len - 1)
+        q_pos = torch.arange(qa, qb).repeat(group)  # the position of every row of qg
+        allowed = pos.unsqueeze(1) <= q_pos[None, :, None]
+        out = attend(qg, keys[heads, safe], values[heads, safe], allowed, scale)
+        outs.append(out.reshape(n_head, n, d))
     return torch.cat(outs, dim=1).transpose(0, 1).unsqueeze(0)  # [1, c, H, D]
 
 
