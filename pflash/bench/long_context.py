@@ -257,7 +257,11 @@ def table(rows: list[CaseResult]) -> str:
     )
     out = [head, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        mode = r.mode if r.mode == "dense" else f"window {r.window} + sink {r.sink}"
+        mode = {
+            "dense": "dense",
+            "window": f"window {r.window} + sink {r.sink}",
+            "block_sparse": f"block-sparse: window {r.window} + sink {r.sink} + top blocks",
+        }[r.mode]
         out.append(
             f"| {r.length} | {mode} | {r.drafter_s} | {r.drafter_cpu_s} | {r.cpu_ms_per_1k} "
             f"| {r.rss_loaded_mb} "
