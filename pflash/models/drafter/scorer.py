@@ -88,7 +88,13 @@ from pflash.models.drafter.sessions import (
     restore_recurrent,
     snapshot_recurrent,
 )
-from pflash.models.drafter.window import WindowSpec, chunk_mask, is_windowed, windowed_cache
+from pflash.models.drafter.window import (
+    WindowSpec,
+    chunk_mask,
+    is_windowed,
+    stride_cuts,
+    windowed_cache,
+)
 from pflash.models.loading import LoadedModel, load_causal_lm, resolve_device
 from pflash.spans import Span
 
@@ -229,6 +235,7 @@ class DrafterScorer:
             sink=self.config.drafter_sink_tokens,
             window=self.config.drafter_window_tokens,
             slack=CHECKPOINT_TAIL,
+            sink_positions=getattr(self.config, "drafter_sink_positions", "absolute"),
         )
 
     @property
@@ -481,6 +488,7 @@ class DrafterScorer:
         handles = self._capture_legacy_queries(out, legacy_rows) if legacy_rows else []
         ids_t = torch.tensor(ids, dtype=torch.long)
         cuts = (checkpoint_at,) if checkpoint_at is not None else ()
+        cuts += stride_cuts(resume, s, self.window if is_windowed(cache) else None)
         t0 = time.perf_counter()
         try:
             for a, b in chunk_bounds(resume, s, self.config.drafter_chunk_tokens, cuts):

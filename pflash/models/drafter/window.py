@@ -8,9 +8,22 @@ every key; only the trunk below it becomes local. Why sinks: softmax parks surpl
 the first tokens (StreamingLLM's attention sinks); dropping them shifts every later
 attention distribution, keeping them costs `sink` keys per query.
 
-Visibility, for a query at absolute position p and a key at position k (RoPE positions stay
-absolute): `k <= p and (k < sink or p - k < window)`. With `window >= S` this is the dense
-causal mask, so scores equal the dense scores up to float rounding.
+Visibility, for a query at absolute position p and a key at position k:
+`k <= p and (k < sink or p - k < window)`. With `window >= S` this is the dense causal mask,
+so scores equal the dense scores up to float rounding.
+
+Positions: queries and window keys keep their absolute RoPE positions (their distances are
+below `window + chunk`, inside what the drafter trained on). The sink keys, at 0 … sink-1,
+are read from ever farther away as the window moves on: at 128K tokens a distance the
+drafter never saw. With `sink_positions: adjacent` (StreamingLLM's re-indexing) they are
+read re-rotated to sit just before the window: `RopeShift` turns a key rotated at position
+i into the key rotated at i + delta (rotations compose). One chunk reads one key tensor, so
+delta is a function of the query's stride, `[kW, (k+1)W)` for window W, and chunks are cut
+at stride boundaries (`stride_cuts`): the sinks then end just before `kW - W + 1`, the
+oldest key a query of that stride reads, so every relative position stays below
+`2W + sink`, and the scores do not depend on the chunking (a resumed session equals a fresh
+pass). For queries before `W + sink` delta is 0, so a window covering the prompt is still
+the dense computation.
 
 Pieces: `WindowSpec` (the knobs), `window_mask` (the rule above as a bool matrix),
 `SinkWindowLayer` (a transformers cache layer keeping only the sink and the tail the next
@@ -40,10 +53,13 @@ class WindowSpec:
     sink: int
     window: int
     slack: int = 0
+    sink_positions: str = "absolute"  # or "adjacent": re-rotated next to the window
 
     def __post_init__(self):
         if self.sink < 0 or self.window < 1 or self.slack < 0:
             raise ValueError(f"bad window spec {self}: sink >= 0, window >= 1, slack >= 0")
+        if self.sink_positions not in ("absolute", "adjacent"):
+            raise ValueError(f"bad window spec {self}: sink_positions absolute or adjacent")
 
     @property
     def tail(self) -> int:
@@ -68,6 +84,63 @@ def kept_positions(positions: torch.Tensor, total: int, spec: WindowSpec) -> tor
     return (positions < spec.sink) | (positions >= total - spec.tail)
 
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclass(frozen=True)
+class RopeShift:
+    """Moves RoPE-rotated keys along the position axis: `shift(k, delta)` of a key rotated at
+    position i is the key rotated at i + delta. The model's rotary frequencies `inv_freq`
+    rotate the first `2 * len(inv_freq)` dims (partial rotary rotates fewer than the head
+    dim) in transformers' rotate-half layout. A pure rotation: the rotary module's
+    `attention_scaling` is already in the key once."""
+
+    inv_freq: torch.Tensor  # [rotary_dim / 2]
+
+    @property
+    def rotary_dim(self) -> int:
+        return 2 * int(self.inv_freq.numel())
+
+    def shift(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
+        if delta == 0:
+            return keys
+        freqs = delta * self.inv_freq.to(torch.float64)
+        emb = torch.cat((freqs, freqs))
+        cos, sin = emb.cos().to(keys.dtype), emb.sin().to(keys.dtype)
+        rd = self.rotary_dim
+        rot, rest = keys[..., :rd], keys[..., rd:]
+        return torch.cat((rot * cos + rotate_half(rot) * sin, rest), dim=-1)
+
+
+def rope_shift(model) -> RopeShift:
+    """The model's rotary frequencies (its `rotary_emb` module), for `sink_positions:
+    adjacent`; a model without one cannot re-index its sinks."""
+    for name, module in model.named_modules():
+        if name.endswith("rotary_emb") and isinstance(
+            getattr(module, "inv_freq", None), torch.Tensor
+        ):
+            return RopeShift(module.inv_freq.detach().float().clone())
+    raise ValueError("drafter_sink_positions adjacent needs a drafter with rotary embeddings")
+
+
+def sink_delta(start: int, spec: WindowSpec) -> int:
+    """How far the sink keys move for queries from `start` on (up to the stride's end): to
+    end just before `kW - W + 1`, the oldest window key the stride's first query reads."""
+    stride = start // spec.window
+    return max(0, (stride - 1) * spec.window + 1 - spec.sink)
+
+
+def stride_cuts(begin: int, end: int, spec: WindowSpec | None) -> tuple[int, ...]:
+    """Where a forward over [begin, end) must cut its chunks so each reads one sink delta:
+    the stride boundaries, with `sink_positions: adjacent`; none otherwise."""
+    if spec is None or spec.sink_positions != "adjacent":
+        return ()
+    first = (begin // spec.window + 1) * spec.window
+    return tuple(range(first, end, spec.window))
+
+
 class SinkWindowLayer(DynamicLayer):
     """A cache layer holding the sink tokens and the last `spec.tail` tokens.
 
@@ -80,9 +153,10 @@ class SinkWindowLayer(DynamicLayer):
 
     is_sliding = False  # transformers' sliding logic must not touch it: masks come from us
 
-    def __init__(self, spec: WindowSpec, **kwargs):
+    def __init__(self, spec: WindowSpec, rope: RopeShift | None = None, **kwargs):
         super().__init__()
         self.spec = spec
+        self.rope = rope  # set with sink_positions adjacent
         self.seen = 0
         self.positions = torch.zeros(0, dtype=torch.long)
         self.peak = 0
@@ -91,6 +165,7 @@ class SinkWindowLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         c = key_states.shape[-2]
+        start = self.seen
         new = torch.arange(self.seen, self.seen + c)
         keys = torch.cat([self.keys, key_states], dim=-2)
         values = torch.cat([self.values, value_states], dim=-2)
@@ -105,7 +180,22 @@ class SinkWindowLayer(DynamicLayer):
             self.keys = keys.index_select(-2, idx)
             self.values = values.index_select(-2, idx)
             self.positions = positions[idx]
-        return keys, values
+        return self.read_keys(keys, positions, start, c), values
+
+    def read_keys(self, keys: torch.Tensor, positions: torch.Tensor, start: int, c: int):
+        """The keys the chunk [start, start + c) reads: as held, or with the sinks moved next
+        to the window (one delta per chunk: it must not straddle a stride, `stride_cuts`)."""
+        if self.rope is None:
+            return keys
+        w = self.spec.window
+        if start // w != (start + c - 1) // w:
+            raise ValueError(f"chunk [{start}, {start + c}) straddles a {w}-token stride")
+        delta = sink_delta(start, self.spec)
+        n_sink = int((positions < self.spec.sink).sum())
+        if delta == 0 or n_sink == 0:
+            return keys
+        moved = self.rope.shift(keys[..., :n_sink, :], delta)
+        return torch.cat((moved, keys[..., n_sink:, :]), dim=-2)
 
     def get_seq_length(self) -> int:
         return self.seen
@@ -157,9 +247,10 @@ def windowed_cache(model, spec: WindowSpec):
     from transformers.cache_utils import DynamicCache
 
     cache = DynamicCache(config=model.config)
+    rope = rope_shift(model) if spec.sink_positions == "adjacent" else None
     for i, layer in enumerate(cache.layers):
         if type(layer) is DynamicLayer:
-            cache.layers[i] = SinkWindowLayer(spec)
+            cache.layers[i] = SinkWindowLayer(spec, rope)
     return cache
 
 
