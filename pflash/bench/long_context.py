@@ -1,19 +1,28 @@
 """Long-context drafter benchmark (issue 15): dense vs windowed vs block-sparse drafter
-attention.
+attention, and where the window's sink keys are read from (`drafter_sink_positions`).
 
-`python -m pflash.bench.long_context [--lengths 8192 16384] [--modes dense window block_sparse]`
+`python -m pflash.bench.long_context [--lengths 8192 16384] [--modes dense window block_sparse]
+[--sink-positions absolute adjacent] [--seeds 2]`
 
-For each prompt length and attention mode: one needle ("The special magic <animal> number
-is: <7 digits>.") at each of five depths of real text (the license texts under
+Per prompt length, `--seeds` haystacks of real text (the license texts under
 /usr/share/common-licenses, then docstrings and comments of the Python standard library
-beyond ~70K tokens), the question for it last, compressed through the real path
-(`compress_in_process`, the embedded SmolLM2-135M as drafter and target tokenizer, product
-defaults) at keep 0.1 and 0.05 from one drafter pass. Reported: the drafter pass time (and
-per 1K tokens), the process's peak RSS, and at each keep how many depths kept the number.
+beyond ~70K tokens; paragraphs shuffled per seed). Each holds:
+- five needles ("The special magic <animal> number is: <7 digits>."), a different animal at
+  each of the five depths; each is asked for alone, so the other four are same-shaped
+  distractors;
+- two three-fact projects (budget, leader, city of one made-up project at three seeded
+  depths), each asked for in one question: kept only if all three facts survive.
+Every question goes last and is compressed through the real path (`compress_in_process`,
+the embedded SmolLM2-135M as drafter and target tokenizer, product defaults otherwise) at
+keep 0.1 and 0.05. The first question of a haystack runs the full drafter pass (its time is
+the one reported, per 1K tokens too); the later ones resume the text from the drafter's
+session, which scores exactly as a fresh pass (`tests/unit/test_drafter_window.py`), and
+their median time is reported apart.
 
-Each (length, mode) runs in its own subprocess so the peak RSS is that case's alone (the
-model load is in it too: `rss_loaded_mb` is the peak right after loading). Torch runs with
-`--threads` threads (1 by default: the machine is shared and the numbers compare).
+Each (length, mode, sink positions) runs in its own subprocess so the peak RSS is that
+case's alone (the model load is in it too: `rss_loaded_mb` is the peak right after loading).
+Torch runs with `--threads` threads (1 by default: the machine is shared and the numbers
+compare).
 """
 
 from __future__ import annotations
@@ -100,26 +109,95 @@ def haystack(tokenizer, n_tokens: int) -> list[str]:
     raise RuntimeError(f"not enough text on this machine for {n_tokens} tokens (got {used})")
 
 
+# Multi-fact family: three facts about one made-up project, asked for in one question. The
+# project names, people and places are invented so no text on the machine mentions them.
+PROJECTS = (
+    "Halcyon",
+    "Vantor",
+    "Quillmere",
+    "Ostrel",
+    "Brindlewick",
+    "Corvane",
+    "Tessaly",
+    "Morrow",
+)
+PEOPLE = ("Mirela Okafor", "Tomas Vendel", "Ines Harrowgate", "Kofi Lindqvist", "Aiko Brannigan")
+CITIES = ("Port Savel", "Lyndrath", "Caer Hollis", "Westmere Quay", "Dunmarrow")
+MULTI_FACT_PER_HAYSTACK = 2
+
+
 @dataclass(frozen=True)
-class NeedleCase:
-    """One chat with one needle: the number must survive compression."""
+class Question:
+    """One question over a haystack: every string of `answers` must survive compression."""
 
-    depth: float
-    animal: str
-    number: str
-    messages: tuple[dict, ...]
+    family: str  # "needle" (one number) or "multi_fact" (three facts, one question)
+    depths: tuple[float, ...]  # where its facts sit, as fractions of the haystack
+    question: str
+    answers: tuple[str, ...]
 
 
-def needle_case(paragraphs: list[str], depth: float, seed: int) -> NeedleCase:
+@dataclass(frozen=True)
+class Haystack:
+    """Real text with five needles (a different animal at each depth: the other four are
+    same-shaped distractors for each needle question) and `MULTI_FACT_PER_HAYSTACK`
+    three-fact projects at seeded depths. Every question is asked of the same text, so one
+    drafter pass over the text serves them all (a session resumes each question)."""
+
+    body: str
+    questions: tuple[Question, ...]
+
+
+def build_haystack(paragraphs: list[str], depths: tuple[float, ...], seed: int) -> Haystack:
+    """Facts inserted between `paragraphs` (shuffled by `seed` so each seed reads other text
+    around them); the needle numbers, projects and fact depths are drawn from `seed`."""
     rng = random.Random(seed)
-    animal = ANIMALS[seed % len(ANIMALS)]
-    number = str(rng.randrange(1_000_000, 10_000_000))
-    fact = f"The special magic {animal} number is: {number}."
-    at = round(depth * len(paragraphs))
-    body = "\n\n".join(paragraphs[:at] + [fact] + paragraphs[at:])
-    question = f"What is the special magic {animal} number mentioned in the text above?"
-    messages = ({"role": "user", "content": f"{body}\n\nQuestion: {question}"},)
-    return NeedleCase(depth, animal, number, messages)
+    text = list(paragraphs)
+    rng.shuffle(text)
+    inserts: list[tuple[float, str]] = []
+    questions: list[Question] = []
+    animals = rng.sample(ANIMALS, len(depths))
+    for depth, animal in zip(depths, animals, strict=True):
+        number = str(rng.randrange(1_000_000, 10_000_000))
+        inserts.append((depth, f"The special magic {animal} number is: {number}."))
+        questions.append(
+            Question(
+                "needle",
+                (depth,),
+                f"What is the special magic {animal} number mentioned in the text above?",
+                (number,),
+            )
+        )
+    for project in rng.sample(PROJECTS, MULTI_FACT_PER_HAYSTACK):
+        budget = str(rng.randrange(1_000, 10_000))
+        person, city = rng.choice(PEOPLE), rng.choice(CITIES)
+        at = tuple(sorted(round(rng.uniform(0.05, 0.95), 3) for _ in range(3)))
+        facts = (
+            f"The budget of Project {project} was fixed at {budget} thousand credits.",
+            f"Project {project} is led by an engineer called {person}.",
+            f"The records of Project {project} are kept in the city of {city}.",
+        )
+        order = rng.sample(range(3), 3)  # which fact sits where
+        inserts.extend((at[i], facts[order[i]]) for i in range(3))
+        questions.append(
+            Question(
+                "multi_fact",
+                at,
+                f"For Project {project}: what was its budget, who leads it, and in which city"
+                " are its records kept?",
+                (budget, person, city),
+            )
+        )
+    for depth, fact in sorted(inserts, reverse=True):  # from the back: indices stay valid
+        text.insert(round(depth * len(paragraphs)), fact)
+    return Haystack("\n\n".join(text), tuple(questions))
+
+
+def question_messages(haystack: Haystack, question: Question) -> tuple[dict, ...]:
+    return ({"role": "user", "content": f"{haystack.body}\n\nQuestion: {question.question}"},)
+
+
+def kept(question: Question, served_text: str) -> bool:
+    return all(a in served_text for a in question.answers)
 
 
 # --------------------------------------------------------------------------- one case
@@ -127,18 +205,22 @@ def needle_case(paragraphs: list[str], depth: float, seed: int) -> NeedleCase:
 
 @dataclass(frozen=True)
 class CaseResult:
-    length: int  # target tokens of the prompt (mean over depths)
+    length: int  # target tokens of the prompt (mean over haystacks)
     mode: str
-    depths: int
-    drafter_s: float  # mean drafter pass over depths, wall clock
+    haystacks: int
+    questions: dict  # family -> questions asked
+    drafter_s: float  # mean full drafter pass over a haystack (its first question), wall clock
     drafter_cpu_s: float  # the same pass in process CPU time (robust on a loaded machine)
+    resume_s: float  # median pass for the later questions (the session resumes the text)
     ms_per_1k: float  # wall
     cpu_ms_per_1k: float
     rss_loaded_mb: float
     peak_rss_mb: float
-    kept: dict  # keep ratio (str) -> depths whose number survived
+    kept: dict  # keep ratio (str) -> family -> questions whose answers all survived
+    misses: list  # [keep, family, depths] of every question that lost an answer
     window: int
     sink: int
+    sink_positions: str = "absolute"
 
 
 class CpuTimed:
@@ -171,8 +253,14 @@ def run_case(
     threads: int,
     block: int = 128,
     top: int = 8,
+    seeds: int = 1,
+    sink_positions: str = "absolute",
+    keeps: tuple[float, ...] = KEEPS,
+    overrides: dict | None = None,
 ) -> CaseResult:
-    """Every depth of one (length, mode) with one loaded drafter (this process)."""
+    """Every question of `seeds` haystacks for one (length, mode) with one loaded drafter."""
+    import statistics
+
     import torch
 
     from pflash.compress.rendered import render_chat_prompt
@@ -190,84 +278,138 @@ def run_case(
         "drafter_attention": mode,
         "drafter_window_tokens": window,
         "drafter_sink_tokens": sink,
+        "drafter_sink_positions": sink_positions,
         "drafter_block_tokens": block,
         "drafter_top_blocks": top,
-        "drafter_sessions": 0,
+        "drafter_sessions": 2,
+        **(overrides or {}),
     }
-    configs = {k: build_config({**base, "keep_ratio": k}, env={}) for k in KEEPS}
-    first = configs[KEEPS[0]]
+    configs = {k: build_config({**base, "keep_ratio": k}, env={}) for k in keeps}
+    first = configs[keeps[0]]
     tokenizer = load_tokenizer(EMBEDDED)
     scorer = DrafterScorer(first, load_causal_lm(first.drafter))
     probe = probe_for(first, scorer)
     rss_loaded = peak_rss_mb()
     paragraphs = haystack(tokenizer, length)
-    kept = {str(k): 0 for k in KEEPS}
-    times, cpu, lengths = [], [], []
-    for i, depth in enumerate(depths):
-        case = needle_case(paragraphs, depth, seed=i)
-        prompt = render_chat_prompt(tokenizer, case.messages)
-        lengths.append(len(prompt.ids))
-        timed = CpuTimed(scorer)
-        once = ScoreOnce(timed)
-        for keep in KEEPS:
-            result = compress_in_process(
-                prompt,
-                configs[keep],
-                target_tokenizer=tokenizer,
-                drafter_tokenizer=tokenizer,
-                scorer=once,
-                probe=probe,
+    kept_n: dict = {str(k): {} for k in keeps}
+    asked: dict = {}
+    misses: list = []
+    full, cpu, resumes, lengths = [], [], [], []
+    for seed in range(seeds):
+        stack = build_haystack(paragraphs, depths, seed)
+        for qi, question in enumerate(stack.questions):
+            prompt = render_chat_prompt(tokenizer, question_messages(stack, question))
+            timed = CpuTimed(scorer)
+            once = ScoreOnce(timed)
+            asked[question.family] = asked.get(question.family, 0) + 1
+            for keep in keeps:
+                result = compress_in_process(
+                    prompt,
+                    configs[keep],
+                    target_tokenizer=tokenizer,
+                    drafter_tokenizer=tokenizer,
+                    scorer=once,
+                    probe=probe,
+                    conversation=f"haystack-{seed}",
+                )
+                by_family = kept_n[str(keep)]
+                hit = kept(question, result.served_text)
+                by_family[question.family] = by_family.get(question.family, 0) + hit
+                if not hit:
+                    misses.append([keep, question.family, list(question.depths)])
+            if qi == 0:
+                lengths.append(len(prompt.ids))
+                full.append(once.last_ms / 1000)
+                cpu.append(timed.cpu_s)
+            else:
+                resumes.append(once.last_ms / 1000)
+            print(
+                f"  {mode} {len(prompt.ids)} tokens seed {seed} {question.family}"
+                f" {question.depths}: drafter {once.last_ms / 1000:.1f} s",
+                file=sys.stderr,
+                flush=True,
             )
-            kept[str(keep)] += case.number in result.served_text
-        times.append(once.last_ms / 1000)
-        cpu.append(timed.cpu_s)
-        print(
-            f"  {mode} {len(prompt.ids)} tokens depth {depth}: drafter {times[-1]:.1f} s"
-            f" (cpu {cpu[-1]:.1f} s)",
-            file=sys.stderr,
-            flush=True,
-        )
+        scorer.sessions.drop(f"haystack-{seed}")  # peak RSS is one haystack's, as served
     n = sum(lengths) / len(lengths)
-    drafter_s = sum(times) / len(times)
+    drafter_s = sum(full) / len(full)
     cpu_s = sum(cpu) / len(cpu)
     return CaseResult(
         length=round(n),
         mode=mode,
-        depths=len(depths),
+        haystacks=seeds,
+        questions=asked,
         drafter_s=round(drafter_s, 2),
         drafter_cpu_s=round(cpu_s, 2),
+        resume_s=round(statistics.median(resumes), 2) if resumes else 0.0,
         ms_per_1k=round(drafter_s * 1000 / (n / 1000), 1),
         cpu_ms_per_1k=round(cpu_s * 1000 / (n / 1000), 1),
         rss_loaded_mb=round(rss_loaded),
         peak_rss_mb=round(peak_rss_mb()),
-        kept=kept,
+        kept=kept_n,
+        misses=misses,
         window=window,
         sink=sink,
+        sink_positions=sink_positions,
     )
 
 
 # --------------------------------------------------------------------------- report
 
 
+def mode_label(r: CaseResult) -> str:
+    sinks = " (sinks next to the window)" if r.sink_positions == "adjacent" else ""
+    return {
+        "dense": "dense",
+        "window": f"window {r.window} + sink {r.sink}{sinks}",
+        "block_sparse": f"block-sparse: window {r.window} + sink {r.sink}{sinks} + top blocks",
+    }[r.mode]
+
+
 def table(rows: list[CaseResult]) -> str:
+    def rate(r: CaseResult, keep: str, family: str) -> str:
+        return f"{r.kept[keep].get(family, 0)}/{r.questions.get(family, 0)}"
+
+    keeps = list(rows[0].kept) if rows else []
     head = (
         "| tokens | drafter attention | drafter wall s | drafter CPU s | CPU ms / 1K tok "
-        "| RSS after load MB "
-        "| peak RSS MB | needle kept @0.1 | needle kept @0.05 |"
+        "| later question s | peak RSS MB | "
+        + " | ".join(f"needles @{k}" for k in keeps)
+        + " | "
+        + " | ".join(f"multi-fact @{k}" for k in keeps)
+        + " |"
     )
-    out = [head, "|---|---|---|---|---|---|---|---|---|"]
+    out = [head, "|---" * (7 + 2 * len(keeps)) + "|"]
     for r in rows:
-        mode = {
-            "dense": "dense",
-            "window": f"window {r.window} + sink {r.sink}",
-            "block_sparse": f"block-sparse: window {r.window} + sink {r.sink} + top blocks",
-        }[r.mode]
         out.append(
-            f"| {r.length} | {mode} | {r.drafter_s} | {r.drafter_cpu_s} | {r.cpu_ms_per_1k} "
-            f"| {r.rss_loaded_mb} "
-            f"| {r.peak_rss_mb} | {r.kept['0.1']}/{r.depths} | {r.kept['0.05']}/{r.depths} |"
+            f"| {r.length} | {mode_label(r)} | {r.drafter_s} | {r.drafter_cpu_s} "
+            f"| {r.cpu_ms_per_1k} | {r.resume_s} | {r.peak_rss_mb} | "
+            + " | ".join(rate(r, k, "needle") for k in keeps)
+            + " | "
+            + " | ".join(rate(r, k, "multi_fact") for k in keeps)
+            + " |"
         )
     return "\n".join(out)
+
+
+def run_child(args, length: int, mode: str, positions: str) -> CaseResult:
+    """One (length, mode, sink positions) in a subprocess of its own: its peak RSS alone."""
+    cmd = [sys.executable, "-m", "pflash.bench.long_context", "--one"]
+    cmd += ["--lengths", str(length), "--modes", mode, "--depths", *map(str, args.depths)]
+    for flag in ("window", "sink", "block", "top", "threads", "seeds"):
+        cmd += [f"--{flag}", str(getattr(args, flag))]
+    cmd += ["--sink-positions", positions, "--keeps", *map(str, args.keeps)]
+    cmd += ["--set", *args.set]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    row = CaseResult(**json.loads(out.strip().splitlines()[-1]))
+    print(
+        f"{length} {mode_label(row)}: {row.drafter_s} s/pass (cpu {row.drafter_cpu_s}), "
+        f"peak {row.peak_rss_mb} MB, kept {row.kept} of {row.questions} "
+        f"({time.perf_counter() - t0:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,6 +427,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block", type=int, default=128, help="drafter_block_tokens")
     ap.add_argument("--top", type=int, default=8, help="drafter_top_blocks")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seeds", type=int, default=1, help="haystacks per (length, mode)")
+    ap.add_argument("--keeps", type=float, nargs="+", default=list(KEEPS), help="keep ratios")
+    ap.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides for every row (e.g. select_lexical=off: the drafter's scores alone)",
+    )
+    ap.add_argument(
+        "--sink-positions",
+        nargs="+",
+        choices=["absolute", "adjacent"],
+        default=["absolute"],
+        help="drafter_sink_positions of the window and block-sparse modes (each one a row)",
+    )
     ap.add_argument(
         "--dense-max", type=int, default=32768, help="skip dense above this many tokens"
     )
@@ -301,6 +459,10 @@ def main(argv: list[str] | None = None) -> int:
             threads=args.threads,
             block=args.block,
             top=args.top,
+            seeds=args.seeds,
+            sink_positions=args.sink_positions[0],
+            keeps=tuple(args.keeps),
+            overrides=dict(kv.split("=", 1) for kv in args.set),
         )
         print(json.dumps(asdict(r)))
         return 0
@@ -309,41 +471,12 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes:
             if mode == "dense" and length > args.dense_max:
                 continue
-            cmd = [
-                sys.executable,
-                "-m",
-                "pflash.bench.long_context",
-                "--one",
-                "--lengths",
-                str(length),
-                "--modes",
-                mode,
-                "--depths",
-                *map(str, args.depths),
-                "--window",
-                str(args.window),
-                "--sink",
-                str(args.sink),
-                "--block",
-                str(args.block),
-                "--top",
-                str(args.top),
-                "--threads",
-                str(args.threads),
-            ]
-            t0 = time.perf_counter()
-            out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
-            row = CaseResult(**json.loads(out.strip().splitlines()[-1]))
-            rows.append(row)
-            print(
-                f"{length} {mode}: {row.drafter_s} s/pass (cpu {row.drafter_cpu_s}), peak {row.peak_rss_mb} MB, "
-                f"kept {row.kept} ({time.perf_counter() - t0:.0f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
-            if args.json:
-                with args.json.open("a") as f:
-                    f.write(json.dumps(asdict(row)) + "\n")
+            for positions in ["absolute"] if mode == "dense" else args.sink_positions:
+                row = run_child(args, length, mode, positions)
+                rows.append(row)
+                if args.json:
+                    with args.json.open("a") as f:
+                        f.write(json.dumps(asdict(row)) + "\n")
     print(table(rows))
     return 0
 
