@@ -351,7 +351,7 @@ class ScoringConfig(Component):
     )
     drafter_sink_positions: Literal["absolute", "adjacent"] = Field(
         "absolute",
-        description="drafter_attention window: the rotary positions the sink keys are read at once the window has moved on: absolute (where they are; a query 100K tokens on reads them at a distance the drafter never trained on) or adjacent (re-rotated to sit just before the window's first key, StreamingLLM's re-indexing: every relative position stays within sink + window + chunk).",
+        description="drafter_attention window: the rotary positions the sink keys are read at once the window has moved on: absolute (where they are; a query 100K tokens on reads them at a distance the drafter never trained on) or adjacent (re-rotated to sit just before the window's first key, StreamingLLM's re-indexing, one shift per window-long stride of queries: every relative position stays under 2 x window + sink).",
     )
     drafter_block_tokens: int = Field(
         128,

@@ -44,7 +44,11 @@ def loaded_tiny(kind: str) -> LoadedModel:
 
 
 def make_scorer(kind: str, **config) -> DrafterScorer:
-    settings = {"drafter_head_layer": HEAD_LAYER[kind], "drafter_chunk_tokens": 16}
+    settings = {
+        "drafter_head_layer": HEAD_LAYER[kind],
+        "drafter_chunk_tokens": 16,
+        "drafter_attention": "dense",  # the reference; `windowed` asks for the window
+    }
     return DrafterScorer(build_config(UNTUNED | settings | config, env={}), loaded_tiny(kind))
 
 

@@ -32,6 +32,10 @@ Reading order, top-down (1 in `profile.py`, 2-5 in `attention.py`, 6 here):
 
 Token indices are drafter tokens. Module names are transformers' (q_proj, k_norm,
 input_layernorm), so this file reads next to `modeling_qwen3.py` / `modeling_qwen3_5.py`.
+
+Why this module runs past 600 lines: `DrafterScorer` is one object because the head pass,
+the legacy pass, look-ahead and sessions share one loaded model, one cache discipline (dense,
+windowed or block-sparse) and one lock; the pure pieces already live in the modules above.
 """
 
 from __future__ import annotations
