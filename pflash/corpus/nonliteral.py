@@ -76,12 +76,16 @@ def distractor_count(length: int) -> int:
 
 
 def draw_facts(
-    rng: random.Random, n: int, subject: Subject | None = None, noun: str | None = None
+    rng: random.Random,
+    n: int,
+    subject: Subject | None = None,
+    noun: str | None = None,
+    subjects: tuple[Subject, ...] = SUBJECTS,
 ) -> tuple[list[Fact], set[str]]:
     """`n` facts of distinct concepts about one invented entity, and the values taken.
 
-    Without `subject` one is drawn; without `noun` each question picks its own."""
-    subject = subject or rng.choice(SUBJECTS)
+    Without `subject` one of `subjects` is drawn; without `noun` each question picks its own."""
+    subject = subject or rng.choice(subjects)
     entity = entity_name(rng)
     taken = {entity}
     facts = [
@@ -91,17 +95,22 @@ def draw_facts(
     return facts, taken
 
 
-def distractor_stream(rng: random.Random, asked: list[Fact], taken: set[str]) -> Iterator[Fact]:
-    """Facts of the concepts no question of the case asks about, over every subject, for as
+def distractor_stream(
+    rng: random.Random,
+    asked: list[Fact],
+    taken: set[str],
+    subjects: tuple[Subject, ...] = SUBJECTS,
+) -> Iterator[Fact]:
+    """Facts of the concepts no question of the case asks about, over `subjects`, for as
     long as they are drawn (a stream, so a document can take more to fill its length).
 
     Round r states each such concept once, in a shuffled order, for the r-th entity of its
     subject (round 0 of the asked subject: the asked entity itself), so no entity states a
     concept twice and no asked concept is stated again. Values are distinct from `taken`."""
     asked_keys = {f.concept.key for f in asked}
-    pool = [(s, c) for s in SUBJECTS for c in s.concepts if c.key not in asked_keys]
-    entities: dict[str, list[str]] = {s.key: [] for s in SUBJECTS}
-    entities[_subject_of(asked[0]).key].append(asked[0].entity)
+    pool = [(s, c) for s in subjects for c in s.concepts if c.key not in asked_keys]
+    entities: dict[str, list[str]] = {s.key: [] for s in subjects}
+    entities[_subject_of(asked[0], subjects).key].append(asked[0].entity)
     for round_ in itertools.count():
         for subject, concept in rng.sample(pool, len(pool)):
             names = entities[subject.key]
@@ -110,8 +119,8 @@ def distractor_stream(rng: random.Random, asked: list[Fact], taken: set[str]) ->
             yield draw_fact(concept, names[round_], rng.choice(subject.nouns), rng, taken)
 
 
-def _subject_of(fact: Fact) -> Subject:
-    return next(s for s in SUBJECTS if fact.concept in s.concepts)
+def _subject_of(fact: Fact, subjects: tuple[Subject, ...]) -> Subject:
+    return next(s for s in subjects if fact.concept in s.concepts)
 
 
 def unseen_values(facts: list[Fact], text: str, rng: random.Random, taken: set[str]) -> list[Fact]:
@@ -133,14 +142,16 @@ def facts_document(
     depths: list[float],
     taken: set[str],
     questions: list[str],
+    subjects: tuple[Subject, ...] = SUBJECTS,
 ) -> tuple[str, list[Fact]]:
     """The document of a fact family and the asked facts with their final values.
 
     The asked facts go at `depths`, distractors at random depths, each fact its own
     paragraph. The haystack is sized for `distractor_count` distractors and the
     `questions`; when it stops short (its next paragraph did not fit), more distractors
-    fill the gap, so the document reaches its length."""
-    stream = distractor_stream(rng, asked, taken)
+    fill the gap, so the document reaches its length. Distractors are facts of `subjects`
+    (the asked facts' own resource)."""
+    stream = distractor_stream(rng, asked, taken, subjects)
     distractors = list(itertools.islice(stream, distractor_count(spec.length)))
     extra = [f.statement for f in asked + distractors] + questions
     hay = haystack(rng, _body_tokens(spec, count, extra), count)
@@ -166,11 +177,16 @@ def _fact_turn(fact: Fact) -> Turn:
 # --------------------------------------------------------------------------- families
 
 
-def paraphrased_needle(spec: CaseSpec, count: CountTokens) -> BenchCase:
+def paraphrased_needle(
+    spec: CaseSpec, count: CountTokens, subjects: tuple[Subject, ...] = SUBJECTS
+) -> BenchCase:
+    """One asked fact among distractors. `subjects` is the word resource: the bench's
+    (`paraphrase.SUBJECTS`), or the head trainer's own (`pflash.train.paraphrase_pairs`)."""
     rng = random.Random(spec.seed)
-    asked, taken = draw_facts(rng, 1)
+    asked, taken = draw_facts(rng, 1, subjects=subjects)
     depths = [_depth(spec, rng)]
-    doc, (fact,) = facts_document(spec, count, rng, asked, depths, taken, [asked[0].question])
+    questions = [asked[0].question]
+    doc, (fact,) = facts_document(spec, count, rng, asked, depths, taken, questions, subjects)
     return BenchCase(spec, doc, (_fact_turn(fact),))
 
 

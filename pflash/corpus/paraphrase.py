@@ -21,6 +21,7 @@ Every draw takes a `random.Random`, so a family stays a pure function of its see
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -344,13 +345,17 @@ def _syllable(rng: random.Random) -> str:
     return rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
 
 
+FRESH_TRIES = 10_000  # a value range this many draws cannot escape is spent: fail, never hang
+
+
 def _fresh(make, rng: random.Random, taken: set[str] | None, clash=None) -> str:
-    while True:
+    for _ in range(FRESH_TRIES):
         value = make(rng)
         if taken is None or (value not in taken and not (clash and clash(value, taken))):
             if taken is not None:
                 taken.add(value)
             return value
+    raise ValueError(f"no fresh value left after {FRESH_TRIES} draws ({len(taken or ())} taken)")
 
 
 def _digits_clash(value: str, taken: set[str]) -> bool:
@@ -410,3 +415,19 @@ def draw_fact(
     statement = rng.choice(concept.statements)
     question = rng.choice(concept.questions).format(noun=noun)
     return Fact(concept, entity, draw_value(concept, rng, taken), statement, question)
+
+
+def statement_pattern(template: str) -> re.Pattern:
+    """A regex matching exactly the sentences `template` states (groups `entity`, `value`):
+    how a test tells which concept a paragraph states, or that it states none."""
+    parts = re.split(r"(\{entity\}|\{value\})", template)
+    return re.compile(
+        "".join(
+            {
+                "{entity}": r"(?P<entity>[A-Z][a-z]+)",
+                "{value}": r"(?P<value>[A-Z][a-z]+ [A-Z][a-z]+|\w+)",
+            }.get(p, re.escape(p))
+            for p in parts
+        )
+        + "$"
+    )

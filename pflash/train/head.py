@@ -7,8 +7,10 @@ keys, mean over heads and rows, window mix) stays exactly as serving computes it
 
 1. `head_corpus.examples`: retrieval prompts over real text with known evidence spans,
    planned by `compress.pipeline.prepare` (the serving query windows). Training uses
-   `TRAIN_FAMILIES` on training-split text; validation uses held-out text files and the
-   held-out families `VAL_ONLY_FAMILIES`, plus a few new prompts on training text.
+   `TrainOptions.families` (default `TRAIN_FAMILIES`; `--families` may add the training-only
+   `paraphrase_pairs`) on training-split text; validation uses held-out text files over those
+   families and the held-out families `VAL_ONLY_FAMILIES`, plus a few new prompts on
+   training text.
 2. `extract`: one drafter pass per prompt through the scorer contract
    (`ScoreRequest.want_tap`): the tap (residual stream entering the scoring layer) and the
    untrained head's mass.
@@ -39,7 +41,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pflash.train.head_corpus import TRAIN_FAMILIES, VAL_ONLY_FAMILIES, HeadExample, examples
+from pflash.train.head_corpus import (
+    HEAD_FAMILIES,
+    TRAIN_FAMILIES,
+    VAL_ONLY_FAMILIES,
+    HeadExample,
+    examples,
+)
 
 EMBEDDED = "embedded:smollm2-135m"
 
@@ -51,6 +59,7 @@ class TrainOptions:
     drafter: str = EMBEDDED
     layer: int | None = None  # scoring layer; None = the drafter profile's default
     seed: int = 0
+    families: tuple[str, ...] = TRAIN_FAMILIES  # trained on, cycled
     train_prompts: int = 150
     val_prompts: int = 30  # held-out text, every family
     val_train_text_prompts: int = 10  # new prompts on training text
@@ -421,9 +430,9 @@ def train_head(
 
 
 def validation_examples(opts: TrainOptions, *, tokenizer, config) -> list[HeadExample]:
-    """Held-out text over every family, then new prompts on training text over the trained
-    families and multi_query."""
-    families = TRAIN_FAMILIES + VAL_ONLY_FAMILIES
+    """Held-out text over the trained and the held-out families, then new prompts on
+    training text over the trained families and multi_query."""
+    families = tuple(dict.fromkeys(opts.families + VAL_ONLY_FAMILIES))
     held_out = examples(
         families,
         opts.val_prompts,
@@ -434,7 +443,7 @@ def validation_examples(opts: TrainOptions, *, tokenizer, config) -> list[HeadEx
         config=config,
     )
     seen = examples(
-        TRAIN_FAMILIES + ("multi_query",),
+        tuple(dict.fromkeys(opts.families + ("multi_query",))),
         opts.val_train_text_prompts,
         text="train",
         stream=2,
@@ -464,7 +473,7 @@ def train_to_file(opts: TrainOptions, out: Path, *, progress: bool = True) -> di
     scorer = DrafterScorer(config, loaded)
     tokenizer = load_tokenizer(config.drafter_tokenizer or opts.drafter)
     train_ex = examples(
-        TRAIN_FAMILIES,
+        opts.families,
         opts.train_prompts,
         text="train",
         stream=0,
@@ -539,6 +548,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="scoring layer (default: the drafter profile's; serving then needs drafter_head_layer)",
     )
+    p.add_argument(
+        "--families",
+        nargs="+",
+        choices=HEAD_FAMILIES,
+        default=list(d.families),
+        help="families trained on (paraphrase_pairs: paraphrase-style pairs over the "
+        "trainer's own wordings, never the bench's)",
+    )
     p.add_argument("--train-prompts", type=int, default=d.train_prompts)
     p.add_argument("--val-prompts", type=int, default=d.val_prompts, help="held-out-text prompts")
     p.add_argument(
@@ -566,6 +583,7 @@ def run_train(args: argparse.Namespace) -> int:
         drafter=args.drafter,
         layer=args.layer,
         seed=args.seed,
+        families=tuple(args.families),
         train_prompts=args.train_prompts,
         val_prompts=args.val_prompts,
         val_train_text_prompts=args.val_train_text_prompts,

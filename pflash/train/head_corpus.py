@@ -14,6 +14,10 @@ Two held-out axes:
   (needles, chain statements) keep their relative depths, the prose around them changes.
 - **family**: some families are never trained on (`VAL_ONLY_FAMILIES`). `code_retrieval`
   documents are whole stdlib modules, so its text is not split (`text="mixed"`).
+- **wording**: `paraphrase_pairs` (`TRAINING_ONLY_FAMILIES`) is `paraphrased_needle` over the
+  trainer's own word resource (`pflash.train.paraphrase_pairs`): paraphrase-style pairs for
+  the head, while the bench's non-literal families keep subjects, concepts and wordings no
+  head has seen. It is not a bench family (`cases.FAMILIES` does not list it).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Literal
 
 from pflash.compress.query import QueryWindow
 from pflash.corpus.cases import (
+    FAMILIES,
     BenchCase,
     CaseSpec,
     CountTokens,
@@ -34,7 +39,9 @@ from pflash.corpus.cases import (
     insert_at_depths,
     token_counter,
 )
+from pflash.corpus.nonliteral import paraphrased_needle
 from pflash.spans import Span
+from pflash.train.paraphrase_pairs import TRAIN_SUBJECTS
 from pflash.train.probe_corpus import split_of
 
 Split = Literal["train", "val"]
@@ -44,6 +51,14 @@ TRAIN_FAMILIES = ("single_needle", "multi_key", "multi_value", "variable_trackin
 VAL_ONLY_FAMILIES = ("multi_query", "code_retrieval")
 UNSPLIT_FAMILIES = frozenset({"code_retrieval"})  # documents are whole stdlib modules
 LENGTHS = (1024, 1536, 2048)  # target tokens of the rendered prompt, cycled
+
+
+def _paraphrase_pairs(spec: CaseSpec, count: CountTokens) -> BenchCase:
+    return paraphrased_needle(spec, count, TRAIN_SUBJECTS)
+
+
+TRAINING_ONLY_FAMILIES = {"paraphrase_pairs": _paraphrase_pairs}
+HEAD_FAMILIES = (*FAMILIES, *TRAINING_ONLY_FAMILIES)  # what `--families` may name
 
 
 @dataclass(frozen=True)
@@ -164,8 +179,11 @@ def plan_example(case: BenchCase, text: TextSplit, *, tokenizer, config) -> Head
 
 def case_for(family: str, seed: int, length: int, text: TextSplit, count: CountTokens) -> BenchCase:
     """A generated case of `family`, re-hosted on `text`'s paragraphs (not for unsplit
-    families, whose documents are not paragraphs)."""
-    case = generate(CaseSpec(family, seed, length), count)
+    families, whose documents are not paragraphs). A training-only family is built by its
+    own generator, any other by the bench's."""
+    spec = CaseSpec(family, seed, length)
+    make = TRAINING_ONLY_FAMILIES.get(family)
+    case = make(spec, count) if make else generate(spec, count)
     if text == "mixed":
         return case
     return rehost(case, split_paragraphs(text), count)

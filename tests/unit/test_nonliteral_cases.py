@@ -31,31 +31,18 @@ from pflash.corpus.code_descriptions import (
     usable_descriptions,
 )
 from pflash.corpus.nonliteral import described_functions, distractor_count
-from pflash.corpus.paraphrase import AGGREGATE_FRAMES, ORGANISATION, SUBJECTS
+from pflash.corpus.paraphrase import AGGREGATE_FRAMES, ORGANISATION, SUBJECTS, statement_pattern
 from pflash.corpus.wording import STOPWORDS, same_word, shared_words
+from pflash.train.paraphrase_pairs import TRAIN_SUBJECTS
 
 NONLITERAL = ("paraphrased_needle", "described_code", "multi_turn_paraphrase", "aggregation")
 FACT_FAMILIES = ("paraphrased_needle", "multi_turn_paraphrase", "aggregation")
 SEEDS = range(24)
 
 
-def _template_pattern(template: str) -> re.Pattern:
-    parts = re.split(r"(\{entity\}|\{value\})", template)
-    return re.compile(
-        "".join(
-            {
-                "{entity}": r"(?P<entity>[A-Z][a-z]+)",
-                "{value}": r"(?P<value>[A-Z][a-z]+ [A-Z][a-z]+|\w+)",
-            }.get(p, re.escape(p))
-            for p in parts
-        )
-        + "$"
-    )
-
-
 # Every statement template as a pattern, with its concept key: which concept a sentence states.
 STATEMENT_PATTERNS = [
-    (concept.key, _template_pattern(t))
+    (concept.key, statement_pattern(t))
     for subject in SUBJECTS
     for concept in subject.concepts
     for t in concept.statements
@@ -118,8 +105,13 @@ def test_every_word_the_check_ignores_is_ignored_by_the_lexical_anchors_too():
     assert STOPWORDS <= LEXICAL_STOPWORDS
 
 
-def test_no_question_wording_shares_a_content_word_with_any_statement_of_its_concept():
-    for subject in SUBJECTS:
+# the bench's word resource, and the head trainer's own (held apart from it)
+RESOURCES = pytest.mark.parametrize("subjects", [SUBJECTS, TRAIN_SUBJECTS], ids=["bench", "train"])
+
+
+@RESOURCES
+def test_no_question_wording_shares_a_content_word_with_any_statement_of_its_concept(subjects):
+    for subject in subjects:
         for concept in subject.concepts:
             assert len(concept.statements) >= 3 and len(concept.questions) >= 3, concept.key
             for statement in concept.statements:
@@ -129,8 +121,9 @@ def test_no_question_wording_shares_a_content_word_with_any_statement_of_its_con
                         assert not shared_words(asked, statement), (asked, statement)
 
 
-def test_question_nouns_never_appear_in_statements():
-    for subject in SUBJECTS:
+@RESOURCES
+def test_question_nouns_never_appear_in_statements(subjects):
+    for subject in subjects:
         for concept in subject.concepts:
             for statement in concept.statements:
                 for noun in subject.nouns:
