@@ -254,7 +254,7 @@ def run_case(
     block: int = 128,
     top: int = 8,
     seeds: int = 1,
-    sink_positions: str = "absolute",
+    sink_positions: str = "adjacent",
     keeps: tuple[float, ...] = KEEPS,
     overrides: dict | None = None,
 ) -> CaseResult:
@@ -440,8 +440,9 @@ def main(argv: list[str] | None = None) -> int:
         "--sink-positions",
         nargs="+",
         choices=["absolute", "adjacent"],
-        default=["absolute"],
-        help="drafter_sink_positions of the window and block-sparse modes (each one a row)",
+        default=["adjacent"],
+        help="drafter_sink_positions of the window and block-sparse modes (each one a row; "
+        "default: the product's)",
     )
     ap.add_argument(
         "--dense-max", type=int, default=32768, help="skip dense above this many tokens"

@@ -350,7 +350,7 @@ class ScoringConfig(Component):
         description="drafter_attention window and block_sparse: the first tokens every drafter query also sees (attention sinks: softmax parks surplus mass there, dropping them distorts later layers).",
     )
     drafter_sink_positions: Literal["absolute", "adjacent"] = Field(
-        "absolute",
+        "adjacent",
         description="drafter_attention window: the rotary positions the sink keys are read at once the window has moved on: absolute (where they are; a query 100K tokens on reads them at a distance the drafter never trained on) or adjacent (re-rotated to sit just before the window's first key, StreamingLLM's re-indexing, one shift per window-long stride of queries: every relative position stays under 2 x window + sink).",
     )
     drafter_block_tokens: int = Field(

@@ -48,6 +48,9 @@ def make_scorer(kind: str, **config) -> DrafterScorer:
         "drafter_head_layer": HEAD_LAYER[kind],
         "drafter_chunk_tokens": 16,
         "drafter_attention": "dense",  # the reference; `windowed` asks for the window
+        # the masked-forward reference reads the sinks where they are; `adjacent` (the
+        # default) has its own tests in test_drafter_sink_positions.py
+        "drafter_sink_positions": "absolute",
     }
     return DrafterScorer(build_config(UNTUNED | settings | config, env={}), loaded_tiny(kind))
 
