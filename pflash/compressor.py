@@ -521,6 +521,8 @@ class ScoreOnce:
             request.query,
             request.suffix_candidates,
             request.scorer,
+            request.likelihood_passages,
+            request.likelihood_question,
         )
         self.hit = (
             key == self._key and self._result is not None and (self._tapped or not request.want_tap)

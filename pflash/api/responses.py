@@ -42,7 +42,9 @@ class PFlashStats(BaseModel):
     the final effective ratio; `segments` candidate segments; `scorer_resume` the token
     position the drafter session resumed from; `lexical_units` / `lexical_kept` the text
     units sharing rare words with the question and how many of them were kept first
-    (`select_lexical`). Unknown keys are an error, so the pipeline's
+    (`select_lexical`); `likelihood_passages` / `likelihood_ms` the passages the drafter
+    scored by question likelihood and that pass's time, part of `scorer_forward_ms`
+    (`select_likelihood_weight`). Unknown keys are an error, so the pipeline's
     stats and this contract cannot drift apart silently.
     """
 
@@ -64,6 +66,8 @@ class PFlashStats(BaseModel):
     scorer_forward_ms: float = 0.0
     lexical_units: int = 0
     lexical_kept: int = 0
+    likelihood_passages: int = 0
+    likelihood_ms: float = 0.0
     view: ViewStats = Field(default_factory=ViewStats)
 
     @field_validator("compress_ms")

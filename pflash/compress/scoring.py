@@ -25,6 +25,8 @@ class ScoreRequest:
     - `scorer`: "head" (attention mass), "legacy" (tail running max + pooling) or "split".
     - `session_key`: conversation key for drafter session reuse (None = score from scratch).
     - `want_tap`: also return the hidden states at the probe tap (for the segment probe).
+    - `likelihood_passages`: passages to score by how much each raises the likelihood of
+      the `likelihood_question` tokens (`pflash.compress.likelihood`); empty = none asked.
     """
 
     ids: tuple[int, ...]
@@ -34,6 +36,8 @@ class ScoreRequest:
     scorer: str = "head"
     session_key: str | None = None
     want_tap: bool = False
+    likelihood_passages: tuple[Span, ...] = ()
+    likelihood_question: Span | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ class ScoreResult:
       on masked keys. None when only the legacy scorer ran.
     - `legacy`: legacy smoothed running-max scores, float32 [S] (legacy and split scorers).
     - `tap`: hidden states entering the scoring layer, float32 [S, hidden] (when asked).
+    - `likelihood`: per asked passage, the gain in mean log-probability of the question's
+      tokens (nats per token), float32 [len(likelihood_passages)]; None when none was asked.
     - `scorer_resume`: tokens reused from a drafter session; `scorer_new_tokens`: tokens
       run through the drafter this call; `scorer_forward_ms`: drafter forward wall time.
     """
@@ -55,6 +61,7 @@ class ScoreResult:
     scorer_new_tokens: int = 0
     scorer_forward_ms: float = 0.0
     extras: dict = field(default_factory=dict)
+    likelihood: np.ndarray | None = None
 
 
 Scorer = Callable[[ScoreRequest], ScoreResult]

@@ -154,6 +154,18 @@ class SelectionConfig(Component):
         "distance",
         description="Rank candidates by attention lift over a position prior (`distance`: the median mass at the same distance from the query), so the attention sink and the recency band do not crowd out the context.",
     )
+    select_likelihood_weight: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Likelihood evidence: the drafter reads each passage before the question, then the question, and scores the passage by how much it raises the question's log-likelihood (a full drafter forward over every passage, ~2-3x the compression time); mixed with attention as (1-w)*attention + w*likelihood. 0 = off, 1 = likelihood alone.",
+    )
+    likelihood_passage_tokens: int = Field(
+        96,
+        ge=8,
+        le=2048,
+        description="Likelihood evidence: longest passage in drafter tokens (cut at sentence and line starts).",
+    )
     select_paragraph_join: bool = Field(
         True, description="Insert paragraph breaks between non-adjacent kept runs."
     )

@@ -511,6 +511,8 @@ def test_usage_serialises_exactly_the_contract_keys():
         "scorer_forward_ms",
         "lexical_units",
         "lexical_kept",
+        "likelihood_passages",
+        "likelihood_ms",
         "view",
     }
     assert set(usage["timings"]["pflash"]["view"]) == {
@@ -562,6 +564,8 @@ def test_uncompressed_request_reports_default_stats():
         "scorer_forward_ms": 0.0,
         "lexical_units": 0,
         "lexical_kept": 0,
+        "likelihood_passages": 0,
+        "likelihood_ms": 0.0,
         "view": {
             "mode": "off",
             "turn": 0,

@@ -44,3 +44,54 @@ def test_needle_chunk_ranks_in_the_top_tenth_of_context_chunks(
     assert chunks >= 28
     assert rank <= chunks // 10, f"needle chunk ranked {rank} of {chunks}"
     assert result.scorer_new_tokens == len(prompt.ids)
+
+
+# fact, a question sharing no content word with it
+PARAPHRASED = [
+    (
+        "The village bakery opens its doors at five o'clock every morning.",
+        "When can people first buy bread there each day?",
+    ),
+    (
+        "Harbour pilots are forbidden from boarding vessels during thunderstorms.",
+        "Under which weather may the ship guides not climb onto the boats?",
+    ),
+    (
+        "Each library member may borrow at most twelve books at a time.",
+        "What is the limit on volumes a reader can take home simultaneously?",
+    ),
+]
+
+
+@pytest.mark.parametrize("fact, question", PARAPHRASED)
+def test_likelihood_ranks_the_passage_answering_a_paraphrased_question_near_the_top(
+    scorer, smollm2_tokenizer, fact, question
+):
+    from pflash.compress.chat import render_chat
+    from pflash.compress.pipeline import PromptInput, prepare
+
+    body = open("/usr/share/common-licenses/GPL-3").read()[:9000]
+    mid = body.index("\n\n", len(body) // 2)
+    content = body[:mid] + "\n\n" + fact + body[mid:] + "\n\n" + question
+    messages = [{"role": "user", "content": content}]
+    text = render_chat(smollm2_tokenizer, messages)
+    ids = tuple(smollm2_tokenizer(text, add_special_tokens=False)["input_ids"])
+    cfg = build_config({"mode": "always", "select_likelihood_weight": 1.0}, env={})
+    prepared = prepare(
+        PromptInput(prompt_ids=ids, messages=messages),
+        config=cfg,
+        target_tokenizer=smollm2_tokenizer,
+        drafter_tokenizer=smollm2_tokenizer,
+    )
+    req = prepared.score_request
+    gains = scorer(req).likelihood
+    drafter = prepared.plan.drafter
+    at = drafter.text.index(fact)
+    (holding,) = [
+        i
+        for i, p in enumerate(req.likelihood_passages)
+        if drafter.char_span(p)[0] <= at < drafter.char_span(p)[1]
+    ]
+    rank = int((gains > gains[holding]).sum())
+    assert len(gains) >= 20
+    assert rank <= 2, f"the fact's passage ranked {rank} of {len(gains)}: {sorted(gains)[-4:]}"

@@ -45,7 +45,7 @@ import sys
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -72,6 +72,7 @@ from pflash.models.drafter.attention import (
 )
 from pflash.models.drafter.block_sparse import BlockSparseSpec, block_sparse_trunk
 from pflash.models.drafter.calibration import Calibration, load_calibration
+from pflash.models.drafter.likelihood import question_likelihood_gain
 from pflash.models.drafter.profile import resolve_profile
 from pflash.models.drafter.scoring_head import (
     HeadIdentity,
@@ -304,8 +305,25 @@ class DrafterScorer:
     def _score(self, req: ScoreRequest, *, use_session: bool) -> ScoreResult:
         with torch.inference_mode():
             if req.scorer == "head":
-                return self._score_head(req, use_session=use_session)
-            return self._score_legacy(req, with_head=req.scorer == "split")
+                result = self._score_head(req, use_session=use_session)
+            else:
+                result = self._score_legacy(req, with_head=req.scorer == "split")
+            return self._with_likelihood(req, result) if req.likelihood_passages else result
+
+    def _with_likelihood(self, req: ScoreRequest, result: ScoreResult) -> ScoreResult:
+        """`result` with each asked passage's question-likelihood gain (a full forward over
+        every passage plus the question; never from a session: the question is new)."""
+        t0 = time.perf_counter()
+        try:
+            gain = question_likelihood_gain(
+                self.model, req.ids, req.likelihood_passages, req.likelihood_question
+            )
+        except FloatingPointError as exc:
+            raise NonFiniteScores(f"likelihood: {exc}") from exc
+        ms = (time.perf_counter() - t0) * 1000
+        result.extras["likelihood_ms"] = round(ms, 1)
+        result.extras["likelihood_passages"] = len(req.likelihood_passages)
+        return replace(result, likelihood=gain, scorer_forward_ms=result.scorer_forward_ms + ms)
 
     # ------------------------------------------------------------------ head scorer
     def _score_head(self, req: ScoreRequest, *, use_session: bool) -> ScoreResult:
@@ -626,3 +644,14 @@ def _validate(req: ScoreRequest) -> None:
             )
     if req.scorer in ("head", "split") and not req.windows:
         raise CompressionFailed("drafter", "the head scorer needs at least one query window")
+    if req.likelihood_passages:
+        lq = req.likelihood_question
+        if lq is None or len(lq) < 2 or lq.begin < 0 or lq.end > s:
+            raise CompressionFailed(
+                "drafter", f"likelihood needs a question of 2+ tokens inside the prompt: {lq}"
+            )
+    for p in req.likelihood_passages:
+        if p.empty or p.begin < 0 or p.end > s:
+            raise CompressionFailed(
+                "drafter", f"likelihood passage out of range: {p.as_list()} over {s} tokens"
+            )

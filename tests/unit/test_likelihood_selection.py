@@ -1,0 +1,203 @@
+"""Likelihood evidence in strict selection (pflash/compress/likelihood.py, issue 18).
+
+The pure steps on real drafter text (passages, the question, the mix), then the product flow
+with deterministic scorers that stand in for the drafter's two signals: attention on a decoy
+and likelihood gain on the passage holding the evidence. What is asserted is the pipeline's
+own work: what it asks the drafter for, how it mixes, and that it fails closed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pflash.compress.chat import render_chat
+from pflash.compress.likelihood import (
+    likelihood_passages,
+    likelihood_question,
+    likelihood_token_scores,
+    mix_likelihood,
+)
+from pflash.compress.pipeline import PromptInput, prepare
+from pflash.compress.rendered import RenderedPrompt
+from pflash.compress.scoring import ScoreResult
+from pflash.compressor import compress_in_process
+from pflash.config import build_config
+from pflash.errors import CompressionFailed
+from pflash.spans import Span, encode_with_offsets, subtract
+
+# the evidence and a question that shares no content word with it
+EVIDENCE = "Tenants of the Sorvux towers lodge 1152 credits up front, returned when they move out."
+QUESTION = "What amount is held back against possible harm to the property?"
+CFG = dict(mode="always", keep_ratio=0.1, select_chunk_size=64, select_lexical="off")
+
+
+def _content(chars: int = 12000) -> str:
+    body = open("/usr/share/common-licenses/GPL-3").read()[:chars]
+    mid = body.index("\n\n", len(body) // 2)
+    return body[:mid] + "\n\n" + EVIDENCE + body[mid:] + "\n\n" + QUESTION
+
+
+def _messages() -> list[dict]:
+    return [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": _content()},
+    ]
+
+
+def _prepared(tokenizer, cfg):
+    messages = _messages()
+    ids = tuple(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
+    inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=8192)
+    return inp, prepare(inp, config=cfg, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer)
+
+
+# ------------------------------------------------------------------------- pure steps
+
+
+def test_passages_tile_the_context_outside_pins_within_the_length(smollm2_tokenizer):
+    text = _content(6000)
+    drafter = encode_with_offsets(smollm2_tokenizer, text)
+    end = drafter.token_at_or_after(text.index(QUESTION))
+    pinned = (Span(0, 5), Span(300, 340))
+    passages = likelihood_passages(drafter, end, pinned, max_tokens=96)
+    assert passages == tuple(sorted(passages))
+    assert subtract([Span(0, end)], pinned) == subtract(passages, [])  # tiled, no gap
+    assert all(0 < len(p) <= 96 for p in passages)
+    assert not any(p.overlaps(q) for p in passages for q in pinned)
+    # cut at sentence and line starts: the evidence sentence lies inside one passage
+    ev = text.index(EVIDENCE)
+    holding = [p for p in passages if drafter.char_span(p)[0] <= ev < drafter.char_span(p)[1]]
+    (p,) = holding
+    assert drafter.char_span(p)[1] >= ev + len(EVIDENCE)
+
+
+def test_a_sentence_longer_than_a_passage_is_cut_in_parts(smollm2_tokenizer):
+    text = "word " * 500 + "\n\n" + QUESTION
+    drafter = encode_with_offsets(smollm2_tokenizer, text)
+    end = drafter.token_at_or_after(text.index(QUESTION))
+    passages = likelihood_passages(drafter, end, (), max_tokens=64)
+    assert [len(p) for p in passages[:-1]] == [64] * (len(passages) - 1)
+    assert passages[0].begin == 0 and passages[-1].end == end
+
+
+def test_the_question_is_the_one_closing_the_user_turn_not_the_template(smollm2_tokenizer):
+    _, prepared = _prepared(smollm2_tokenizer, build_config(CFG, env={}))
+    plan = prepared.plan
+    q = likelihood_question(plan)
+    assert plan.drafter.text[slice(*plan.drafter.char_span(q))].strip() == QUESTION
+    assert len(plan.query) == 1  # the main window is the generation prompt's last token
+
+
+def test_token_scores_keep_passages_above_the_median_gain():
+    passages = (Span(0, 2), Span(2, 5), Span(5, 6))
+    out = likelihood_token_scores(8, passages, np.array([0.1, 0.5, 0.3]))
+    assert out.tolist() == pytest.approx([0, 0, 0.2, 0.2, 0.2, 0, 0, 0])
+
+
+def test_mix_weights_two_normalised_signals_and_leaves_the_question():
+    passages = (Span(0, 2), Span(2, 4))
+    attention = np.array([3.0, 1.0, 0.0, 0.0, 7.0])
+    gains = np.array([0.0, 1.0])
+    only_attention = mix_likelihood(attention, passages, gains, context_end=4, weight=0.0)
+    assert only_attention.tolist() == pytest.approx([0.75, 0.25, 0, 0, 7.0])
+    only_likelihood = mix_likelihood(attention, passages, gains, context_end=4, weight=1.0)
+    assert only_likelihood.tolist() == pytest.approx([0, 0, 0.5, 0.5, 7.0])
+    half = mix_likelihood(attention, passages, gains, context_end=4, weight=0.5)
+    assert half.tolist() == pytest.approx([0.375, 0.125, 0.25, 0.25, 7.0])
+
+
+def test_mix_refuses_gains_that_do_not_match_the_passages():
+    with pytest.raises(ValueError, match="2 likelihood gains for 3 passages"):
+        likelihood_token_scores(9, (Span(0, 3), Span(3, 6), Span(6, 9)), np.zeros(2))
+
+
+# ------------------------------------------------------------------------- the flow
+
+
+def _decoy_and_likelihood(decoy: str, gain_on: str | None = EVIDENCE, likelihood="per_passage"):
+    """Attention on `decoy` (more text than the budget); gain 1 on passages holding
+    `gain_on`, 0 elsewhere. `likelihood` may break the reply: None or a wrong length."""
+
+    def scorer(req, drafter):
+        begin = drafter.text.index(decoy)
+        mass = np.full(len(req.ids), 1e-6, dtype=np.float32)
+        for i, (b, e) in enumerate(drafter.offsets):
+            if b < begin + len(decoy) and e > begin:
+                mass[i] = 1.0
+        mass[req.query.begin :] = 0.0
+        gains = None
+        if likelihood == "per_passage":
+            ev = drafter.text.index(gain_on) if gain_on else -1
+            gains = np.array(
+                [
+                    float(drafter.char_span(p)[0] <= ev < drafter.char_span(p)[1])
+                    for p in req.likelihood_passages
+                ],
+                dtype=np.float32,
+            )
+        elif likelihood == "short":
+            gains = np.zeros(max(0, len(req.likelihood_passages) - 1), dtype=np.float32)
+        return ScoreResult(mass=mass / mass.sum(), likelihood=gains)
+
+    return scorer
+
+
+def _compress(tokenizer, cfg, scorer):
+    inp, prepared = _prepared(tokenizer, cfg)
+    prompt = RenderedPrompt("chat", inp.prompt_ids, tokenizer, messages=inp.messages)
+    asked = []
+
+    def score(req):
+        asked.append(req)
+        return scorer(req, prepared.plan.drafter)
+
+    out = compress_in_process(
+        prompt,
+        cfg,
+        target_tokenizer=tokenizer,
+        drafter_tokenizer=tokenizer,
+        scorer=score,
+        max_context=8192,
+        max_output=64,
+    )
+    return out, asked[0]
+
+
+def test_likelihood_off_asks_nothing_and_attention_keeps_the_decoy(smollm2_tokenizer):
+    decoy = _content()[:3000]
+    out, req = _compress(smollm2_tokenizer, build_config(CFG, env={}), _decoy_and_likelihood(decoy))
+    assert req.likelihood_passages == () and req.likelihood_question is None
+    assert EVIDENCE not in out.served_text
+
+
+@pytest.mark.parametrize("weight", [1.0, 0.5])
+def test_likelihood_keeps_the_passage_that_makes_the_question_likelier(smollm2_tokenizer, weight):
+    decoy = _content()[:3000]
+    cfg = build_config({**CFG, "select_likelihood_weight": weight}, env={})
+    out, req = _compress(smollm2_tokenizer, cfg, _decoy_and_likelihood(decoy))
+    assert len(req.likelihood_passages) > 10 and len(req.likelihood_question) >= 2
+    assert EVIDENCE in out.served_text
+    assert out.served_text.endswith(QUESTION + "<|im_end|>\n<|im_start|>assistant\n")
+    assert len(out.served_ids) <= 0.2 * len(req.ids)
+
+
+@pytest.mark.parametrize(
+    ("likelihood", "message"),
+    [(None, "none returned"), ("short", "returned"), ("nan", "non-finite")],
+)
+def test_a_missing_or_bad_likelihood_reply_fails_closed(smollm2_tokenizer, likelihood, message):
+    decoy = _content()[:3000]
+    cfg = build_config({**CFG, "select_likelihood_weight": 1.0}, env={})
+    scorer = _decoy_and_likelihood(decoy, likelihood=likelihood)
+    if likelihood == "nan":
+        base = _decoy_and_likelihood(decoy)
+
+        def scorer(req, drafter):
+            r = base(req, drafter)
+            r.likelihood[0] = np.nan
+            return r
+
+    with pytest.raises(CompressionFailed, match=message) as err:
+        _compress(smollm2_tokenizer, cfg, scorer)
+    assert err.value.stage == "drafter"
