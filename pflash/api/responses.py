@@ -44,7 +44,8 @@ class PFlashStats(BaseModel):
     units sharing rare words with the question and how many of them were kept first
     (`select_lexical`); `likelihood_passages` / `likelihood_ms` the passages the drafter
     scored by question likelihood and that pass's time, part of `scorer_forward_ms`
-    (`select_likelihood_weight`). Unknown keys are an error, so the pipeline's
+    (`select_likelihood_weight`); `semantic_passages` / `semantic_ms` the same for the
+    sentence embedder (`select_semantic_weight`). Unknown keys are an error, so the pipeline's
     stats and this contract cannot drift apart silently.
     """
 
@@ -68,6 +69,8 @@ class PFlashStats(BaseModel):
     lexical_kept: int = 0
     likelihood_passages: int = 0
     likelihood_ms: float = 0.0
+    semantic_passages: int = 0
+    semantic_ms: float = 0.0
     view: ViewStats = Field(default_factory=ViewStats)
 
     @field_validator("compress_ms")

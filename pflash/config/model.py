@@ -122,6 +122,10 @@ class PFlashConfig(ComponentSet):
             raise ValueError(
                 f"drafter_calibration: 'embedded' is the calibration for {EMBEDDED_SMOLLM2}; run pflash calibrate for this drafter"
             )
+        if self.select_likelihood_weight + self.select_semantic_weight > 1:
+            raise ValueError(
+                "select_semantic_weight: select_likelihood_weight + select_semantic_weight must not exceed 1"
+            )
         if self.adaptive_min > self.adaptive_max:
             raise ValueError("adaptive_min: must not exceed adaptive_max")
         if self.repeat_min > self.repeat_max:

@@ -513,6 +513,8 @@ def test_usage_serialises_exactly_the_contract_keys():
         "lexical_kept",
         "likelihood_passages",
         "likelihood_ms",
+        "semantic_passages",
+        "semantic_ms",
         "view",
     }
     assert set(usage["timings"]["pflash"]["view"]) == {
@@ -566,6 +568,8 @@ def test_uncompressed_request_reports_default_stats():
         "lexical_kept": 0,
         "likelihood_passages": 0,
         "likelihood_ms": 0.0,
+        "semantic_passages": 0,
+        "semantic_ms": 0.0,
         "view": {
             "mode": "off",
             "turn": 0,

@@ -36,7 +36,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "served_prompts"
 sys.path.insert(0, str(FIXTURES))
 from golden_requests import VARIANTS, cases, conversations  # noqa: E402
 
-TIMED = {"compress_ms", "plan_ms", "select_ms", "scorer_forward_ms"}
+TIMED = {"compress_ms", "plan_ms", "select_ms", "scorer_forward_ms", "likelihood_ms", "semantic_ms"}
 RECORDED = json.loads((FIXTURES / "served_prompts.json").read_text())
 
 

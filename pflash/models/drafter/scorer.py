@@ -100,6 +100,7 @@ from pflash.models.drafter.window import (
     stride_cuts,
     windowed_cache,
 )
+from pflash.models.embedder import SentenceEmbedder
 from pflash.models.loading import LoadedModel, load_causal_lm, resolve_device
 from pflash.spans import Span
 
@@ -158,6 +159,9 @@ class DrafterScorer:
             torch.tensor(self.calibration.head_weights) if self.calibration else None
         )
         self.sessions = SessionTable(config.drafter_sessions)
+        self._embedder: SentenceEmbedder | None = None
+        if getattr(config, "select_semantic_weight", 0.0) > 0:
+            self.embedder()  # a missing embedder fails at startup, not on the first request
         self._chunk = (0, 0)  # token range of the chunk in flight, read by the legacy hooks
         log.info(
             "drafter %s: profile %s, head layer %d of %d, tap %s%s",
@@ -308,7 +312,28 @@ class DrafterScorer:
                 result = self._score_head(req, use_session=use_session)
             else:
                 result = self._score_legacy(req, with_head=req.scorer == "split")
-            return self._with_likelihood(req, result) if req.likelihood_passages else result
+            if req.likelihood_passages:
+                result = self._with_likelihood(req, result)
+            return self._with_semantic(req, result) if req.semantic_texts else result
+
+    def _with_semantic(self, req: ScoreRequest, result: ScoreResult) -> ScoreResult:
+        """`result` with each asked text's cosine to the question under the sentence
+        embedder (`semantic_embedder`, loaded on first use and kept)."""
+        t0 = time.perf_counter()
+        sims = self.embedder().similarity(req.semantic_query or "", req.semantic_texts)
+        if not np.all(np.isfinite(sims)):
+            raise NonFiniteScores("semantic: non-finite similarities")
+        ms = (time.perf_counter() - t0) * 1000
+        result.extras["semantic_ms"] = round(ms, 1)
+        result.extras["semantic_passages"] = len(req.semantic_texts)
+        return replace(result, semantic=sims, scorer_forward_ms=result.scorer_forward_ms + ms)
+
+    def embedder(self) -> SentenceEmbedder:
+        """The sentence embedder for semantic evidence; a missing one is ModelUnavailable."""
+        spec = getattr(self.config, "semantic_embedder", "embedded:all-minilm-l6-v2")
+        if self._embedder is None or self._embedder.spec != spec:
+            self._embedder = SentenceEmbedder(spec)
+        return self._embedder
 
     def _with_likelihood(self, req: ScoreRequest, result: ScoreResult) -> ScoreResult:
         """`result` with each asked passage's question-likelihood gain (a full forward over
@@ -644,6 +669,13 @@ def _validate(req: ScoreRequest) -> None:
             )
     if req.scorer in ("head", "split") and not req.windows:
         raise CompressionFailed("drafter", "the head scorer needs at least one query window")
+    if req.semantic_texts and not req.semantic_query:
+        raise CompressionFailed("drafter", "semantic scores need the question's text")
+    if len(req.semantic_texts) != len(req.semantic_passages):
+        raise CompressionFailed(
+            "drafter",
+            f"{len(req.semantic_texts)} semantic texts for {len(req.semantic_passages)} passages",
+        )
     if req.likelihood_passages:
         lq = req.likelihood_question
         if lq is None or len(lq) < 2 or lq.begin < 0 or lq.end > s:

