@@ -60,3 +60,20 @@ def bpe_tokenizer():
 # resolve for the configured drafter (embedded:smollm2-135m -> layer 8, its head and probe),
 # which such a model does not have.
 UNTUNED = dict(UNTUNED_SCORING)
+
+
+# Facts and questions that share no content word with them (likelihood and semantic evidence).
+PARAPHRASED = [
+    (
+        "The village bakery opens its doors at five o'clock every morning.",
+        "When can people first buy bread there each day?",
+    ),
+    (
+        "Harbour pilots are forbidden from boarding vessels during thunderstorms.",
+        "Under which weather may the ship guides not climb onto the boats?",
+    ),
+    (
+        "Each library member may borrow at most twelve books at a time.",
+        "What is the limit on volumes a reader can take home simultaneously?",
+    ),
+]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import UNTUNED
+from conftest import PARAPHRASED, UNTUNED
 
 from pflash.compress.scoring import ScoreRequest
 from pflash.config import build_config
@@ -44,23 +44,6 @@ def test_needle_chunk_ranks_in_the_top_tenth_of_context_chunks(
     assert chunks >= 28
     assert rank <= chunks // 10, f"needle chunk ranked {rank} of {chunks}"
     assert result.scorer_new_tokens == len(prompt.ids)
-
-
-# fact, a question sharing no content word with it
-PARAPHRASED = [
-    (
-        "The village bakery opens its doors at five o'clock every morning.",
-        "When can people first buy bread there each day?",
-    ),
-    (
-        "Harbour pilots are forbidden from boarding vessels during thunderstorms.",
-        "Under which weather may the ship guides not climb onto the boats?",
-    ),
-    (
-        "Each library member may borrow at most twelve books at a time.",
-        "What is the limit on volumes a reader can take home simultaneously?",
-    ),
-]
 
 
 @pytest.mark.parametrize("fact, question", PARAPHRASED)

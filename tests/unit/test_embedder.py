@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import PARAPHRASED
 
 from pflash.compress.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest
@@ -24,22 +25,6 @@ from pflash.models.source import ModelSource
 from pflash.spans import Span
 
 SPEC = "embedded:all-minilm-l6-v2"
-
-# fact, a question sharing no content word with it
-PARAPHRASED = [
-    (
-        "The village bakery opens its doors at five o'clock every morning.",
-        "When can people first buy bread there each day?",
-    ),
-    (
-        "Harbour pilots are forbidden from boarding vessels during thunderstorms.",
-        "Under which weather may the ship guides not climb onto the boats?",
-    ),
-    (
-        "Each library member may borrow at most twelve books at a time.",
-        "What is the limit on volumes a reader can take home simultaneously?",
-    ),
-]
 
 
 @pytest.fixture(scope="module")
