@@ -6,7 +6,8 @@ One Ray cluster for the module, three applications built from serve_config.yaml'
 - `gw2` at /gw2: the `openai` target backend pointed at the first app over real HTTP, with
   a one-request queue to show backpressure;
 - `xv` at /xv: a cross-vocabulary pair, SmolLM2 drafter and the Gemma 3 270M target (a base
-  model: raw completions).
+  model: raw completions), with semantic evidence on (the sentence embedder in the drafter
+  replica).
 Compressed requests use 1-3K-token prompts so a drafter forward stays a few seconds.
 """
 
@@ -90,7 +91,12 @@ def _config(tmp: Path, port: int) -> Path:
 
     xv = copy.deepcopy(template)
     xv.update(name="xv", route_prefix="/xv")
-    xv["args"].update(target="embedded:gemma3-270m", return_prompt_enabled=True, threshold=100_000)
+    xv["args"].update(
+        target="embedded:gemma3-270m",
+        return_prompt_enabled=True,
+        threshold=100_000,
+        select_semantic_weight=1.0,  # the sentence embedder ranks what attention would fill
+    )
 
     base["applications"] = [main, gw2, xv]
     path = tmp / "serve_config.yaml"
@@ -494,6 +500,34 @@ def test_cross_vocabulary_pair_keeps_the_needle_for_a_gemma_target(server):
     served = r.model_extra["pflash_prompt"]
     assert NEEDLE in served and served.rstrip().endswith("Answer:")
     assert ("7318842" in full.choices[0].text) == ("7318842" in r.choices[0].text)
+
+
+def test_semantic_evidence_keeps_the_fact_a_paraphrased_question_asks_for(server):
+    from conftest import PARAPHRASED
+    from openai import OpenAI
+
+    xv = OpenAI(base_url=f"{server}/xv/v1", api_key="unused", max_retries=0, timeout=300)
+    fact, question = PARAPHRASED[0]
+    body = _document(6000).replace(NEEDLE, fact)
+    prompt = "Answer from the passage.\n\n" + body + "\n\nQuestion: " + question + "\nAnswer:"
+    r = xv.completions.create(
+        model="pflash",
+        prompt=prompt,
+        max_tokens=4,
+        temperature=0,
+        extra_body={
+            "pflash_mode": "always",
+            "pflash_keep_ratio": 0.1,
+            "pflash_return_prompt": True,
+            "pflash_query": question,
+        },
+    )
+    stats = r.usage.model_extra["timings"]["pflash"]
+    assert stats["semantic_passages"] > 20 and stats["semantic_ms"] > 0
+    assert stats["likelihood_passages"] == 0
+    served = r.model_extra["pflash_prompt"]
+    assert fact in served and served.rstrip().endswith("Answer:")
+    assert stats["compressed_tokens"] < 0.25 * r.usage.prompt_tokens
 
 
 # ----------------------------------------------------------------------------- metrics
