@@ -524,7 +524,7 @@ class ScoreOnce:
             request.likelihood_passages,
             request.likelihood_question,
             request.semantic_texts,
-            request.semantic_query,
+            request.semantic_questions,
         )
         self.hit = (
             key == self._key and self._result is not None and (self._tapped or not request.want_tap)

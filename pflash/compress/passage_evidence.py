@@ -28,6 +28,8 @@ Two pure steps around the drafter call:
 
 from __future__ import annotations
 
+import bisect
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,21 +43,50 @@ from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, TokenizedText, subtract
 
-QUESTION_TOKENS = 64  # longest question scored: its last line or sentences up to this
+QUESTION_TOKENS = 64  # longest question the likelihood scores (each token is a forward row)
+SEMANTIC_QUESTION_TOKENS = 256  # the embedder reads a multi-part question whole
+_SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n+")
 
 
-def evidence_question(plan: Plan) -> Span | None:
+def evidence_question(plan: Plan, max_tokens: int = QUESTION_TOKENS) -> Span | None:
     """The question the passages are scored against (drafter tokens): the one
     closing the latest user turn when the query is the prompt's end (chat), else the last
-    QUESTION_TOKENS of the query span (an explicit `pflash_query`, raw text). None when it has
+    `max_tokens` of the query span (an explicit `pflash_query`, raw text). None when it has
     fewer than 2 tokens (the baseline needs one token of context)."""
     span = None
     if plan.query_rule == "prompt_end" and plan.content is not None:
-        span = question_tail(plan.drafter, plan.drafter.char_span(plan.content), QUESTION_TOKENS)
+        span = question_tail(plan.drafter, plan.drafter.char_span(plan.content), max_tokens)
     if span is None:
         qs = plan.query_span
-        span = Span(max(qs.begin, qs.end - QUESTION_TOKENS), qs.end)
+        span = Span(max(qs.begin, qs.end - max_tokens), qs.end)
     return span if len(span) >= 2 else None
+
+
+def question_parts(question: str) -> tuple[str, ...]:
+    """What the embedder compares each passage with: the question, then each of its
+    sentences and lines when it has several. Why: one embedding of "When was it founded?
+    Where is it based? Who runs it?" sits between its parts and near none of their answers;
+    a passage scores its best match (`combine_questions`)."""
+    whole = question.strip()
+    parts = [p.strip() for p in _SENTENCE_END.split(whole) if p.strip()]
+    return (whole,) if len(parts) < 2 else (whole, *parts)
+
+
+def combine_questions(sims: np.ndarray) -> np.ndarray:
+    """Each passage's best match over the question parts, float64 [passages] (from cosines
+    [parts, passages]): per part, the cosine above that part's median passage, as a share
+    of its best passage's; then the maximum over parts. Why per part: raw cosines of
+    different parts are on different scales (a part about money sits closer to every
+    sentence with a number), so the raw maximum lets one part take the whole budget; this
+    way each part's best passages rank first. With one part it orders the passages as the
+    raw cosine does."""
+    sims = np.asarray(sims, dtype=np.float64)
+    if not sims.size:
+        return np.zeros(sims.shape[1] if sims.ndim == 2 else 0)
+    med = np.median(sims, axis=1, keepdims=True)
+    top = sims.max(axis=1, keepdims=True)
+    share = np.maximum(sims - med, 0.0) / np.where(top > med, top - med, 1.0)
+    return share.max(axis=0)
 
 
 def evidence_passages(
@@ -161,6 +192,8 @@ def evidence_request(
         if passages:
             out |= {"likelihood_passages": passages, "likelihood_question": question}
     if want_semantic:
+        question = evidence_question(plan, SEMANTIC_QUESTION_TOKENS) or question
+        end = min(question.begin, plan.query.begin)
         semantic = evidence_passages(
             plan.drafter, end, pinned, max_tokens=config.semantic_passage_tokens
         )
@@ -168,8 +201,10 @@ def evidence_request(
             text = plan.drafter.text
             out |= {
                 "semantic_passages": semantic,
-                "semantic_texts": tuple(text[slice(*plan.drafter.char_span(p))] for p in semantic),
-                "semantic_query": text[slice(*plan.drafter.char_span(question))],
+                "semantic_texts": passage_texts(plan.drafter, semantic),
+                "semantic_questions": question_parts(
+                    text[slice(*plan.drafter.char_span(question))]
+                ),
             }
     return out
 
@@ -178,9 +213,12 @@ def passage_signals(
     req: ScoreRequest,
     scores: ScoreResult,
     config: PFlashConfig,
+    drafter: TokenizedText,
 ) -> list[PassageSignal]:
     """The passage scores asked for in prepare, checked: a missing, mis-sized or non-finite
-    reply fails closed (stage drafter), never a selection without the asked signal."""
+    reply fails closed (stage drafter), never a selection without the asked signal. Semantic
+    scores take each passage's best question part; every signal then lifts the header of
+    the code block a passage sits in (`lift_code_headers`)."""
     asked = []
     if req.likelihood_passages:
         asked.append(
@@ -188,23 +226,115 @@ def passage_signals(
                 "likelihood",
                 req.likelihood_passages,
                 scores.likelihood,
+                (len(req.likelihood_passages),),
                 config.select_likelihood_weight,
             )
         )
     if req.semantic_texts:
+        shape = (len(req.semantic_questions), len(req.semantic_passages))
         asked.append(
-            ("semantic", req.semantic_passages, scores.semantic, config.select_semantic_weight)
+            (
+                "semantic",
+                req.semantic_passages,
+                scores.semantic,
+                shape,
+                config.select_semantic_weight,
+            )
         )
     out = []
-    for name, passages, values, weight in asked:
-        if values is None or np.shape(values) != (len(passages),):
+    for name, passages, values, shape, weight in asked:
+        if values is None or np.shape(values) != shape:
             got = "none" if values is None else f"{np.shape(values)}"
             raise CompressionFailed(
-                "drafter", f"{name} scores for {len(passages)} passages asked, {got} returned"
+                "drafter", f"{name} scores of shape {shape} asked, {got} returned"
             )
         if not np.all(np.isfinite(values)):
             raise CompressionFailed("drafter", f"non-finite {name} scores")
-        out.append(PassageSignal(tuple(passages), np.asarray(values), weight))
+        values = combine_questions(values) if len(shape) == 2 else np.asarray(values)
+        lifted = lift_code_headers(drafter, tuple(passages), values)
+        out.append(PassageSignal(tuple(passages), lifted, weight))
+    return out
+
+
+_CODE_HEADER = re.compile(
+    r"[ \t]*(?:(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(|class[ \t]+\w+[ \t]*[:(]"
+    r"|(?:export[ \t]+)?(?:async[ \t]+)?function\b|func[ \t]|(?:pub[ \t]+)?fn[ \t]+\w)"
+)
+
+
+def code_lines(text: str, begin: int, end: int) -> tuple[list[int], list[int]]:
+    """Each non-blank line start of `text[begin:end]` and the start of the innermost code
+    header it is the body of (a `def`/`class`/`function`/`func`/`fn` line above it, less
+    indented), -1 outside any block. One pass over the lines, a stack of open headers by
+    indentation."""
+    starts: list[int] = []
+    headers: list[int] = []
+    stack: list[tuple[int, int]] = []  # (indent, header char)
+    pos = begin
+    while pos < end:
+        nl = text.find("\n", pos, end)
+        stop = end if nl < 0 else nl
+        line = text[pos:stop]
+        body = line.lstrip(" \t")
+        if body:
+            indent = len(line) - len(body)
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            starts.append(pos)
+            headers.append(stack[-1][1] if stack else -1)
+            if _CODE_HEADER.match(line):
+                stack.append((indent, pos))
+        pos = stop + 1
+    return starts, headers
+
+
+def passage_headers(drafter: TokenizedText, spans: Sequence[tuple[int, int]]) -> list[int]:
+    """For each passage (char spans, source order), the start of the header line of the
+    innermost code block its first line is in, -1 outside any block (`code_lines`)."""
+    if not spans:
+        return []
+    lines, headers = code_lines(drafter.text, spans[0][0], spans[-1][1])
+    out = []
+    for b, _ in spans:
+        line = bisect.bisect_right(lines, b) - 1
+        out.append(headers[line] if line >= 0 else -1)
+    return out
+
+
+def passage_texts(drafter: TokenizedText, passages: tuple[Span, ...]) -> tuple[str, ...]:
+    """Each passage's text as the embedder reads it: inside a code block, after the
+    block's header line (`def name(args):`) when the passage does not hold it. Why: a
+    24-token piece of a function body ("isinstance(c, bytes)\n return") says little
+    about what the function is for; with its header the docstring and body pieces read as
+    parts of that function."""
+    text = drafter.text
+    spans = [drafter.char_span(p) for p in passages]
+    out = []
+    for (b, e), header in zip(spans, passage_headers(drafter, spans), strict=True):
+        piece = text[b:e]
+        if header >= 0 and not b <= header < e:
+            stop = text.find("\n", header)
+            piece = text[header : stop if stop >= 0 else len(text)].strip() + "\n" + piece
+        out.append(piece)
+    return tuple(out)
+
+
+def lift_code_headers(
+    drafter: TokenizedText, passages: tuple[Span, ...], values: np.ndarray
+) -> np.ndarray:
+    """Per-passage scores where the passage holding a code block's header (the `def` line)
+    scores at least as high as any passage of the block's body. Why: a question that
+    describes code ("which routine draws a random number below a bound?") matches the
+    docstring and body, while what answers it is the header with the name; the body lines
+    are kept by their own score. Text without code headers is unchanged."""
+    out = np.asarray(values, dtype=np.float64).copy()
+    spans = [drafter.char_span(p) for p in passages]
+    begins = [b for b, _ in spans]
+    for i, header in enumerate(passage_headers(drafter, spans)):
+        h = bisect.bisect_right(begins, header) - 1
+        if header < 0 or h < 0 or h == i or header >= spans[h][1]:
+            continue  # no block, the header is pinned (no passage), or it is this passage
+        out[h] = max(out[h], float(values[i]))
     return out
 
 

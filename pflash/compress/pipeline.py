@@ -267,7 +267,7 @@ def finish(
     token_scores = _head_scores(scores, config, n)
     if config.select_position_prior == "distance" and config.select_scorer != "legacy":
         token_scores = lift_over_prior(token_scores, plan.query.begin)
-    signals = passages.passage_signals(prepared.score_request, scores, config)
+    signals = passages.passage_signals(prepared.score_request, scores, config, plan.drafter)
     if signals:
         token_scores = passages.mix_evidence(token_scores, signals, context_end=plan.query.begin)
     suffix = prepared.score_request.suffix_candidates

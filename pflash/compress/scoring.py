@@ -27,9 +27,10 @@ class ScoreRequest:
     - `want_tap`: also return the hidden states at the probe tap (for the segment probe).
     - `likelihood_passages`: passages to score by how much each raises the likelihood of
       the `likelihood_question` tokens (`pflash.compress.passage_evidence`); empty = none.
-    - `semantic_texts`: passage texts to score by the sentence embedder's cosine to
-      `semantic_query` (the same module); empty = none asked. `semantic_passages`: their
-      spans, for the pipeline that mixes the scores (the drafter reads the texts).
+    - `semantic_texts`: passage texts to score by the sentence embedder's cosine to each of
+      `semantic_questions` (the question, then each of its sentences when it has several;
+      the same module); empty = none asked. `semantic_passages`: their spans, for the
+      pipeline that mixes the scores (the drafter reads the texts).
     """
 
     ids: tuple[int, ...]
@@ -43,7 +44,7 @@ class ScoreRequest:
     likelihood_question: Span | None = None
     semantic_passages: tuple[Span, ...] = ()
     semantic_texts: tuple[str, ...] = ()
-    semantic_query: str | None = None
+    semantic_questions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,8 @@ class ScoreResult:
     - `tap`: hidden states entering the scoring layer, float32 [S, hidden] (when asked).
     - `likelihood`: per asked passage, the gain in mean log-probability of the question's
       tokens (nats per token), float32 [len(likelihood_passages)]; None when none was asked.
-    - `semantic`: per asked text, its embedding's cosine to the question's, float32
-      [len(semantic_texts)]; None when none was asked.
+    - `semantic`: per question and asked text, the cosine of their embeddings, float32
+      [len(semantic_questions), len(semantic_texts)]; None when none was asked.
     - `scorer_resume`: tokens reused from a drafter session; `scorer_new_tokens`: tokens
       run through the drafter this call; `scorer_forward_ms`: drafter forward wall time.
     """

@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import zipfile
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -119,9 +120,16 @@ class SentenceEmbedder:
                 out[idx] = torch.nn.functional.normalize(pooled, dim=-1).float().numpy()
         return out
 
-    def similarity(self, query: str, texts: Sequence[str]) -> np.ndarray:
-        """Cosine similarity of `query` to each of `texts`, float32 [len(texts)]."""
-        if not texts:
-            return np.zeros(0, dtype=np.float32)
-        vectors = self.embed([query, *texts])
-        return (vectors[1:] @ vectors[0]).astype(np.float32)
+    def similarity(self, queries: Sequence[str], texts: Sequence[str]) -> np.ndarray:
+        """Cosine similarity of each of `queries` to each of `texts`, float32
+        [len(queries), len(texts)]."""
+        vectors = self.embed([*queries, *texts])
+        k = len(queries)
+        return (vectors[:k] @ vectors[k:].T).astype(np.float32).reshape(k, len(texts))
+
+
+@lru_cache(maxsize=2)
+def load_embedder(spec: str) -> SentenceEmbedder:
+    """One embedder per spec and process: every drafter scorer in a process (the replica
+    has one; a benchmark or a test session builds many) shares its weights, read-only."""
+    return SentenceEmbedder(spec)

@@ -51,7 +51,7 @@ def test_embeddings_are_unit_vectors_independent_of_the_batch(embedder):
 @pytest.mark.parametrize("fact, question", PARAPHRASED)
 def test_the_answering_sentence_is_the_closest_to_a_paraphrased_question(embedder, fact, question):
     distractors = license_sentences(60) + [f for f, _ in PARAPHRASED if f != fact]
-    sims = embedder.similarity(question, [*distractors, fact])
+    (sims,) = embedder.similarity([question], [*distractors, fact])
     assert int(np.argmax(sims)) == len(distractors), sorted(sims)[-3:]
 
 
@@ -96,17 +96,20 @@ def test_the_drafter_returns_similarities_and_fails_closed_without_a_question(em
         query=main.span,
         semantic_passages=(Span(0, 20), Span(20, 40), Span(40, 60)),
         semantic_texts=texts,
-        semantic_query=PARAPHRASED[1][1],
+        semantic_questions=(PARAPHRASED[1][1], PARAPHRASED[2][1]),
     )
     result = scorer(req)
     np.testing.assert_allclose(
-        result.semantic, embedder.similarity(PARAPHRASED[1][1], texts), atol=1e-6
+        result.semantic, embedder.similarity(req.semantic_questions, texts), atol=1e-6
     )
-    assert int(np.argmax(result.semantic)) == 1
+    assert result.semantic.shape == (2, 3)
+    assert [int(np.argmax(row)) for row in result.semantic] == [1, 2]  # each its own fact
     assert result.extras["semantic_passages"] == 3
     from pflash.errors import CompressionFailed
 
     with pytest.raises(CompressionFailed, match="question's text"):
-        scorer(dataclasses.replace(req, semantic_query=None))
+        scorer(dataclasses.replace(req, semantic_questions=()))
+    with pytest.raises(CompressionFailed, match="question's text"):
+        scorer(dataclasses.replace(req, semantic_questions=(PARAPHRASED[1][1], " ")))
     with pytest.raises(CompressionFailed, match="3 semantic texts for 2 passages"):
         scorer(dataclasses.replace(req, semantic_passages=req.semantic_passages[:2]))

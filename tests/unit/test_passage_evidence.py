@@ -14,10 +14,14 @@ import pytest
 from pflash.compress.chat import render_chat
 from pflash.compress.passage_evidence import (
     PassageSignal,
+    code_lines,
+    combine_questions,
     evidence_passages,
     evidence_question,
+    lift_code_headers,
     mix_evidence,
     passage_token_scores,
+    question_parts,
 )
 from pflash.compress.pipeline import PromptInput, prepare
 from pflash.compress.rendered import RenderedPrompt
@@ -121,6 +125,73 @@ def test_mix_refuses_gains_that_do_not_match_the_passages():
         passage_token_scores(9, (Span(0, 3), Span(3, 6), Span(6, 9)), np.zeros(2))
 
 
+def test_a_question_of_several_sentences_is_compared_whole_and_part_by_part():
+    one = "What amount is held back against possible harm to the property?"
+    assert question_parts(one) == (one,)
+    many = "About the firm: When was it founded? Where is it based?\nAnswer briefly."
+    assert question_parts(many) == (
+        many,
+        "About the firm: When was it founded?",
+        "Where is it based?",
+        "Answer briefly.",
+    )
+
+
+def test_each_question_part_ranks_its_own_best_passage_first():
+    money = [0.60, 0.55, 0.50, 0.20]  # a part close to every passage with a number
+    founder = [0.10, 0.12, 0.11, 0.30]  # a part whose answer scores low in raw cosine
+    combined = combine_questions(np.array([money, founder]))
+    assert combined.tolist() == pytest.approx([1.0, 0.025 / 0.075, 0.0, 1.0])
+    assert int(np.argmin(np.max([money, founder], axis=0))) == 3  # raw max ranks it last
+    one = np.array([[0.3, 0.9, 0.1, 0.5, 0.7]])
+    top = combine_questions(one)  # one part: the cosine's order above the median
+    assert top.tolist() == pytest.approx([0.0, 1.0, 0.0, 0.0, 0.5])
+
+
+CODE = (
+    "Some prose before the code.\n"
+    "def shorten(text, width):\n"
+    '    """Cut a long paragraph down to a size limit."""\n'
+    "    return text[:width]\n"
+    "\n"
+    "class Box:\n"
+    "    def open(self):\n"
+    "        return 1\n"
+    "plain text after\n"
+)
+
+
+def test_code_lines_map_each_body_line_to_its_innermost_header():
+    starts, headers = code_lines(CODE, 0, len(CODE))
+    line = {CODE[b:].split("\n", 1)[0].strip(): h for b, h in zip(starts, headers, strict=True)}
+    at = CODE.index
+    assert line["Some prose before the code."] == -1
+    assert line["def shorten(text, width):"] == -1
+    assert line['"""Cut a long paragraph down to a size limit."""'] == at("def shorten")
+    assert line["return text[:width]"] == at("def shorten")
+    assert line["def open(self):"] == at("class Box")
+    assert line["return 1"] == at("    def open")
+    assert line["plain text after"] == -1
+
+
+def test_a_def_line_scores_as_high_as_the_docstring_that_matches_the_question(smollm2_tokenizer):
+    drafter = encode_with_offsets(smollm2_tokenizer, CODE)
+    passages = evidence_passages(drafter, len(drafter), [], max_tokens=12)
+    texts = [drafter.text[slice(*drafter.char_span(p))] for p in passages]
+    doc = next(i for i, t in enumerate(texts) if "paragraph" in t)
+    head = next(i for i, t in enumerate(texts) if "def shorten" in t)
+    assert doc != head
+    values = np.zeros(len(passages))
+    values[doc] = 0.8
+    lifted = lift_code_headers(drafter, passages, values)
+    assert lifted[head] == pytest.approx(0.8) and lifted[doc] == pytest.approx(0.8)
+    assert np.count_nonzero(lifted) == 2  # nothing else moves
+    prose = encode_with_offsets(smollm2_tokenizer, _content()[:2000])
+    ps = evidence_passages(prose, len(prose), [], max_tokens=24)
+    v = np.random.default_rng(0).random(len(ps))
+    assert lift_code_headers(prose, ps, v).tolist() == v.tolist()  # prose is unchanged
+
+
 # ------------------------------------------------------------------------- the flow
 
 
@@ -221,7 +292,9 @@ def _decoy_and_semantic(decoy: str, semantic="per_text"):
         if semantic != "per_text":
             return base
         sims = np.array(
-            [0.9 if "Sorvux" in t else 0.1 for t in req.semantic_texts], dtype=np.float32
+            [[0.9 if "Sorvux" in t else 0.1 for t in req.semantic_texts]]
+            * len(req.semantic_questions),
+            dtype=np.float32,
         )
         return ScoreResult(mass=base.mass, semantic=sims)
 
@@ -232,7 +305,7 @@ def test_semantic_evidence_sends_sentence_passages_and_keeps_the_answer(smollm2_
     decoy = _content()[:3000]
     cfg = build_config({**CFG, "select_semantic_weight": 1.0}, env={})
     out, req = _compress(smollm2_tokenizer, cfg, _decoy_and_semantic(decoy))
-    assert req.semantic_query.strip() == QUESTION
+    assert req.semantic_questions == (QUESTION,)  # one sentence: the question alone
     assert req.likelihood_passages == ()  # only what was asked for
     assert sum("Sorvux" in t for t in req.semantic_texts) == 1
     assert any(t.strip() == EVIDENCE for t in req.semantic_texts)  # one sentence, one passage
@@ -243,7 +316,7 @@ def test_semantic_evidence_sends_sentence_passages_and_keeps_the_answer(smollm2_
 def test_a_missing_semantic_reply_fails_closed(smollm2_tokenizer):
     cfg = build_config({**CFG, "select_semantic_weight": 0.5}, env={})
     scorer = _decoy_and_semantic(_content()[:3000], semantic=None)
-    with pytest.raises(CompressionFailed, match="semantic scores for") as err:
+    with pytest.raises(CompressionFailed, match="semantic scores of shape") as err:
         _compress(smollm2_tokenizer, cfg, scorer)
     assert err.value.stage == "drafter"
 

@@ -100,7 +100,7 @@ from pflash.models.drafter.window import (
     stride_cuts,
     windowed_cache,
 )
-from pflash.models.embedder import SentenceEmbedder
+from pflash.models.embedder import SentenceEmbedder, load_embedder
 from pflash.models.loading import LoadedModel, load_causal_lm, resolve_device
 from pflash.spans import Span
 
@@ -317,10 +317,10 @@ class DrafterScorer:
             return self._with_semantic(req, result) if req.semantic_texts else result
 
     def _with_semantic(self, req: ScoreRequest, result: ScoreResult) -> ScoreResult:
-        """`result` with each asked text's cosine to the question under the sentence
+        """`result` with each asked text's cosine to each question under the sentence
         embedder (`semantic_embedder`, loaded on first use and kept)."""
         t0 = time.perf_counter()
-        sims = self.embedder().similarity(req.semantic_query or "", req.semantic_texts)
+        sims = self.embedder().similarity(req.semantic_questions, req.semantic_texts)
         if not np.all(np.isfinite(sims)):
             raise NonFiniteScores("semantic: non-finite similarities")
         ms = (time.perf_counter() - t0) * 1000
@@ -332,7 +332,7 @@ class DrafterScorer:
         """The sentence embedder for semantic evidence; a missing one is ModelUnavailable."""
         spec = getattr(self.config, "semantic_embedder", "embedded:all-minilm-l6-v2")
         if self._embedder is None or self._embedder.spec != spec:
-            self._embedder = SentenceEmbedder(spec)
+            self._embedder = load_embedder(spec)
         return self._embedder
 
     def _with_likelihood(self, req: ScoreRequest, result: ScoreResult) -> ScoreResult:
@@ -669,7 +669,7 @@ def _validate(req: ScoreRequest) -> None:
             )
     if req.scorer in ("head", "split") and not req.windows:
         raise CompressionFailed("drafter", "the head scorer needs at least one query window")
-    if req.semantic_texts and not req.semantic_query:
+    if req.semantic_texts and not all(q.strip() for q in req.semantic_questions or ("",)):
         raise CompressionFailed("drafter", "semantic scores need the question's text")
     if len(req.semantic_texts) != len(req.semantic_passages):
         raise CompressionFailed(
