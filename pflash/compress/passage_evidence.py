@@ -290,13 +290,16 @@ def code_lines(text: str, begin: int, end: int) -> tuple[list[int], list[int]]:
 
 def passage_headers(drafter: TokenizedText, spans: Sequence[tuple[int, int]]) -> list[int]:
     """For each passage (char spans, source order), the start of the header line of the
-    innermost code block its first line is in, -1 outside any block (`code_lines`)."""
+    innermost code block its first visible character is in (a piece often opens with the
+    newline and indentation of the line before), -1 outside any block (`code_lines`)."""
     if not spans:
         return []
-    lines, headers = code_lines(drafter.text, spans[0][0], spans[-1][1])
+    text = drafter.text
+    lines, headers = code_lines(text, spans[0][0], spans[-1][1])
     out = []
-    for b, _ in spans:
-        line = bisect.bisect_right(lines, b) - 1
+    for b, e in spans:
+        first = b + len(text[b:e]) - len(text[b:e].lstrip())
+        line = bisect.bisect_right(lines, first) - 1
         out.append(headers[line] if line >= 0 else -1)
     return out
 

@@ -20,6 +20,7 @@ from pflash.compress.passage_evidence import (
     evidence_question,
     lift_code_headers,
     mix_evidence,
+    passage_texts,
     passage_token_scores,
     question_parts,
 )
@@ -34,7 +35,13 @@ from pflash.spans import Span, encode_with_offsets, subtract
 # the evidence and a question that shares no content word with it
 EVIDENCE = "Tenants of the Sorvux towers lodge 1152 credits up front, returned when they move out."
 QUESTION = "What amount is held back against possible harm to the property?"
-CFG = dict(mode="always", keep_ratio=0.1, select_chunk_size=64, select_lexical="off")
+CFG = dict(
+    mode="always",
+    keep_ratio=0.1,
+    select_chunk_size=64,
+    select_lexical="off",
+    select_semantic_weight=0.0,  # each test turns on the signal it is about
+)
 
 
 def _content(chars: int = 12000) -> str:
@@ -190,6 +197,26 @@ def test_a_def_line_scores_as_high_as_the_docstring_that_matches_the_question(sm
     ps = evidence_passages(prose, len(prose), [], max_tokens=24)
     v = np.random.default_rng(0).random(len(ps))
     assert lift_code_headers(prose, ps, v).tolist() == v.tolist()  # prose is unchanged
+
+
+def test_the_embedder_reads_a_body_piece_after_its_def_line(smollm2_tokenizer):
+    drafter = encode_with_offsets(smollm2_tokenizer, CODE)
+    passages = evidence_passages(drafter, len(drafter), [], max_tokens=12)
+    plain = [drafter.text[slice(*drafter.char_span(p))] for p in passages]
+    read = passage_texts(drafter, passages)
+    checked = set()
+    for piece, text in zip(plain, read, strict=True):
+        first = piece.lstrip()
+        if first.startswith(("return text", '"""Cut')):
+            assert text == "def shorten(text, width):\n" + piece
+        elif first.startswith("return 1"):
+            assert text == "def open(self):\n" + piece  # the innermost block
+        elif first.startswith(("Some prose", "def shorten", "plain text")):
+            assert text == piece  # outside a block, or holding its header
+        else:
+            continue
+        checked.add(first[:6])
+    assert len(checked) >= 3
 
 
 # ------------------------------------------------------------------------- the flow
