@@ -167,10 +167,10 @@ class SelectionConfig(Component):
         description="Likelihood evidence: longest passage in drafter tokens (cut at sentence and line starts).",
     )
     select_semantic_weight: float = Field(
-        0.0,
+        1.0,
         ge=0,
         le=1,
-        description="Semantic evidence: a sentence embedder (semantic_embedder) scores each passage before the question by its cosine to the question; mixed with attention like select_likelihood_weight (the two weights sum to at most 1). 0 = off.",
+        description="Semantic evidence: a sentence embedder (semantic_embedder) scores each passage before the question by its cosine to the question (each part of a multi-part question); mixed with attention like select_likelihood_weight (the two weights sum to at most 1). Lexical evidence is still kept first. 1 (the default, by BENCHMARKS.md) = the embedder ranks what lexical evidence leaves; 0 = off (attention alone, no embedder loaded).",
     )
     semantic_passage_tokens: int = Field(
         24,

@@ -124,7 +124,7 @@ class PFlashConfig(ComponentSet):
             )
         if self.select_likelihood_weight + self.select_semantic_weight > 1:
             raise ValueError(
-                "select_semantic_weight: select_likelihood_weight + select_semantic_weight must not exceed 1"
+                "select_semantic_weight: select_likelihood_weight + select_semantic_weight must not exceed 1 (select_semantic_weight is 1.0 by default: lower it to make room)"
             )
         if self.adaptive_min > self.adaptive_max:
             raise ValueError("adaptive_min: must not exceed adaptive_max")

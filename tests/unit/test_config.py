@@ -184,7 +184,7 @@ LAYOUT = {
         "select_position_prior": "distance",
         "select_likelihood_weight": 0.0,
         "likelihood_passage_tokens": 96,
-        "select_semantic_weight": 0.0,
+        "select_semantic_weight": 1.0,
         "semantic_passage_tokens": 24,
         "select_paragraph_join": True,
         "select_container_headers": False,
@@ -400,7 +400,10 @@ SAMPLES = [
     ("view_trace_path", "/tmp/v.jsonl", "/tmp/v.jsonl", "/tmp/v.jsonl"),
     ("api_keys", ["key-one-1", "key-two-2"], "key-one-1, key-two-2", ("key-one-1", "key-two-2")),
 ]
-NEEDS = {"target_backend": {"upstream_base_url": "http://u:8001/v1"}}  # the cross-field check
+NEEDS = {  # the cross-field checks
+    "target_backend": {"upstream_base_url": "http://u:8001/v1"},
+    "select_likelihood_weight": {"select_semantic_weight": 0.0},  # the weights sum to <= 1
+}
 
 
 def test_samples_cover_every_knob():

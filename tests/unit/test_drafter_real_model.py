@@ -59,7 +59,9 @@ def test_likelihood_ranks_the_passage_answering_a_paraphrased_question_near_the_
     messages = [{"role": "user", "content": content}]
     text = render_chat(smollm2_tokenizer, messages)
     ids = tuple(smollm2_tokenizer(text, add_special_tokens=False)["input_ids"])
-    cfg = build_config({"mode": "always", "select_likelihood_weight": 1.0}, env={})
+    cfg = build_config(
+        {"mode": "always", "select_likelihood_weight": 1.0, "select_semantic_weight": 0.0}, env={}
+    )
     prepared = prepare(
         PromptInput(prompt_ids=ids, messages=messages),
         config=cfg,

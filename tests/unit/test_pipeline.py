@@ -93,7 +93,9 @@ def _compress(tokenizer_t, tokenizer_d, cfg, messages, ids, **kw):
     )
 
 
-CFG = dict(mode="always", keep_ratio=0.1, select_chunk_size=64)
+# the attention and lexical paths with drafter doubles (semantic evidence, on by default,
+# has its own tests in test_passage_evidence.py and test_embedder.py)
+CFG = dict(mode="always", keep_ratio=0.1, select_chunk_size=64, select_semantic_weight=0.0)
 
 
 def test_needle_question_and_generation_prompt_survive_compression(smollm2_tokenizer):

@@ -1,5 +1,7 @@
 """Served prompts are byte-identical to the ones recorded through the Serve app on main
-before the compression flow was restructured (tests/fixtures/served_prompts/).
+before the compression flow was restructured (tests/fixtures/served_prompts/). The default
+variant was re-recorded on purpose when semantic evidence became the default (issue 18); the
+attention and legacy variants came out of that recording byte for byte as before.
 
 The requests go through exactly what the ingress runs, in process: `pflash.api` parsing,
 `render_request`, `compression_request`, `Compressor.run` with the real embedded drafter,

@@ -28,7 +28,8 @@ NEEDLE = "The special magic quokka number is: 7318842."
 FACT = "The archive password for the blue vault is heliotrope-42."
 PASTE_FACT = "The launch code for the red rocket is 55-ALPHA-9."
 QUESTION = "What is the special magic quokka number?"
-CFG = dict(mode="always", keep_ratio=0.2, select_chunk_size=32)
+# views over drafter doubles that answer attention only (semantic evidence: test_passage_evidence.py)
+CFG = dict(mode="always", keep_ratio=0.2, select_chunk_size=32, select_semantic_weight=0.0)
 MAX_OUTPUT = 64
 
 
