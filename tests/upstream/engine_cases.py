@@ -32,6 +32,13 @@ def envelope(r: httpx.Response, status: int) -> dict:
     return err
 
 
+# The three-turn view test pins view mechanics against a real engine (continue, the served
+# prefix extended, the engine's prefix cache hit) with the attention-only selection: with
+# semantic evidence (the default since issue 18) the third turn's fresh selection differs from
+# the view by more than a third and rebuilds (measured; a finding for the recall policy, §6.2).
+VIEW_ARGS = {"select_semantic_weight": 0.0}
+
+
 def three_turns(http: httpx.Client) -> list[dict]:
     """Three turns over one document (~3.7K tokens, facts at 20/40/60/80%), each later turn
     asking a fact the earlier served prompts may have dropped (pflash.bench.multiturn's)."""

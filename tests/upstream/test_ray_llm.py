@@ -33,6 +33,7 @@ import httpx
 import pytest
 import yaml
 from engine_cases import (
+    VIEW_ARGS,
     assert_later_turns_extend_the_cached_prefix,
     compressed_needle_chat,
     envelope,
@@ -66,7 +67,7 @@ def _config(tmp: Path, port: int, venv: Path, model: Path) -> Path:
     cfg["model_loading_config"]["model_source"] = str(model)
     cfg["placement_group_config"]["bundles"] = [{"CPU": 0.5}]
     llm["args"]["adapter"] = {"max_ongoing_requests": 1, "max_queued_requests": 1}
-    main["args"]["return_prompt_enabled"] = True
+    main["args"].update(return_prompt_enabled=True, **VIEW_ARGS)
     shares = {"Ingress": 0.1, "DrafterScorer": 0.5, "SegmentProbe": 0.05, "TargetModel": 0.05}
     for dep in main["deployments"]:
         dep["ray_actor_options"]["num_cpus"] = shares[dep["name"]]

@@ -37,6 +37,7 @@ import httpx
 import pytest
 import yaml
 from engine_cases import (
+    VIEW_ARGS,
     assert_later_turns_extend_the_cached_prefix,
     compressed_needle_chat,
     envelope,
@@ -195,7 +196,7 @@ def _config(tmp: Path, port: int, vllm: str, upstream: Upstream) -> Path:
     base = yaml.safe_load((ROOT / "examples" / "serve_config.vllm.yaml").read_text())
     base["http_options"]["port"] = port
     main = base["applications"][0]
-    main["args"].update(upstream_base_url=vllm, return_prompt_enabled=True)
+    main["args"].update(upstream_base_url=vllm, return_prompt_enabled=True, **VIEW_ARGS)
     shares = {"Ingress": 0.1, "DrafterScorer": 0.5, "SegmentProbe": 0.05, "TargetModel": 0.05}
     for dep in main["deployments"]:  # two apps beside vLLM on 2 CPUs
         dep["ray_actor_options"]["num_cpus"] = shares[dep["name"]]
