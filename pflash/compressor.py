@@ -12,7 +12,8 @@ differs between them is only what is plugged in:
 - `probe`: the segment probe (`ProbeClient`), or None when none is configured.
 - `store`: where views and adaptive keep ratios live (`StoreClient`), or None: without a
   store there are no views (every request is a fresh compression) and no adaptive keep.
-- `max_context`: the target's context in tokens (an int, or an async callable asked once).
+- `max_context`: the target's context in tokens (an int, or an async callable asked once:
+  concurrent first requests share that one call, see `Once`).
 - `record(name, value=1.0, **tags)`: metrics (pflash/metrics.py names); a no-op by default.
 - `offload(fn, *args, **kwargs)`: where the pure CPU steps (plan, select, view decision)
   run. The ingress passes `asyncio.to_thread` so its event loop keeps serving; in-process
@@ -148,15 +149,15 @@ class Compressor:
         self.scorer = scorer
         self.probe = probe
         self.store = store
-        self._max_context = max_context
+        self._max_context = Once(max_context) if callable(max_context) else max_context
         self.record = record
         self.trace = trace
         self.offload = offload
-        self._probe_params: ProbeParams | None = None
+        self._probe_params = Once(probe.params) if probe is not None else None
 
     async def max_context(self) -> int | None:
-        if callable(self._max_context):
-            self._max_context = int(await self._max_context())
+        if isinstance(self._max_context, Once):
+            return int(await self._max_context())
         return self._max_context
 
     # ------------------------------------------------------------------ the flow
@@ -252,11 +253,16 @@ class Compressor:
             # instead of holding it until request_timeout_s
             async with asyncio.timeout(config.remote_call_timeout_s):
                 response = self.scorer(prepared.score_request, request.conversation)
-                boundary = subunit = None
+                boundary = subunit = probe_params = None
                 if self.probe is not None and prepared.score_request.want_tap:
+                    stage = "probe"  # its parameters do not depend on the drafter
                     try:
-                        if self._probe_params is None:
-                            self._probe_params = await self.probe.params()
+                        probe_params = await self._probe_params()
+                    except BaseException:
+                        _cancel(response)  # nobody will read this drafter pass
+                        raise
+                    stage = "drafter"
+                    try:
                         boundary, subunit = await self.probe.segment(response)
                     except Exception:
                         # the probe reads the drafter's response: when the drafter failed,
@@ -273,7 +279,7 @@ class Compressor:
                 trace=self.trace,
                 boundary=boundary,
                 subunit=subunit,
-                probe_params=self._probe_params,
+                probe_params=probe_params,
                 **self._kw(config),
             )
         except Exception as exc:
@@ -435,6 +441,37 @@ def check_context(result: Compressed, request: CompressionRequest, max_ctx: int 
             param="messages" if request.prompt.kind == "chat" else "prompt",
             code="context_length_exceeded",
         )
+
+
+class Once:
+    """An async value fetched once (the target's context, the probe's parameters): callers
+    that arrive while the fetch is in flight share it, so a burst of first requests makes
+    one remote call, not one each (50 at once overflowed the probe's queue and were refused
+    after waiting out their drafter pass). A failed fetch is not kept: the next caller
+    tries again."""
+
+    def __init__(self, fetch: Callable[[], Awaitable[Any]]):
+        self._fetch = fetch
+        self._task: asyncio.Future | None = None
+
+    async def __call__(self) -> Any:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._fetch())
+        task = self._task
+        try:
+            return await asyncio.shield(task)
+        except BaseException:
+            if task.done() and self._task is task and (task.cancelled() or task.exception()):
+                self._task = None
+            raise
+
+
+def _cancel(response: Any) -> None:
+    """Stop a scorer response nobody will read (a Ray DeploymentResponse or an asyncio
+    future both have `cancel`)."""
+    cancel = getattr(response, "cancel", None)
+    if cancel is not None:
+        cancel()
 
 
 def unwrap_remote_error(exc: BaseException) -> BaseException:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from pflash import api
-from pflash.compressor import Compressor, LocalStore, compression_request, render_request
+from pflash.compressor import Compressor, LocalStore, Once, compression_request, render_request
 from pflash.config import build_config
 from pflash.errors import CompressionFailed, StageUnavailable
 from pflash.views.store import ViewStore
@@ -155,3 +155,58 @@ def test_a_hung_session_store_counts_as_no_view_and_the_request_goes_on(smollm2_
         )
     assert "reached the drafter" in info.value.message
     assert 1.5 <= time.monotonic() - started < 10  # the lookup ran and was given up on
+
+
+class _OverloadedProbe:
+    """A probe whose queue is full: even its parameters are refused."""
+
+    async def params(self):
+        raise BackPressureError("probe queue full")
+
+    async def segment(self, scored):
+        raise AssertionError("a probe that refused its parameters is not asked to segment")
+
+
+def test_a_probe_refusal_is_a_503_at_once_not_after_the_drafter_pass(smollm2_tokenizer):
+    """Under a burst the probe's queue can fill while the drafter still holds this request:
+    the client is told at once, and the drafter pass nobody will read is cancelled."""
+    pending = []
+
+    def score(request, conversation):
+        pending.append(asyncio.get_running_loop().create_future())  # a pass that never ends
+        return pending[-1]
+
+    started = time.monotonic()
+    with pytest.raises(StageUnavailable) as info:
+        _run(score, _OverloadedProbe(), smollm2_tokenizer, remote_call_timeout_s=60)
+    assert time.monotonic() - started < 10
+    assert info.value.code == "pflash_probe_backpressure"
+    assert api.error_response(info.value)[0] == 503
+    assert [f.cancelled() for f in pending] == [True]
+
+
+def test_concurrent_first_callers_share_one_fetch_and_a_failed_fetch_is_retried():
+    calls = []
+
+    async def fetch():
+        calls.append(len(calls))
+        await asyncio.sleep(0.05)
+        if len(calls) == 1:
+            raise BackPressureError("refused")
+        return {"threshold": 0.5}
+
+    once = Once(fetch)
+
+    async def burst():
+        return await asyncio.gather(*(once() for _ in range(20)), return_exceptions=True)
+
+    async def main():
+        first = await burst()
+        second = await burst()
+        third = await once()
+        return first, second, third
+
+    first, second, third = asyncio.run(main())
+    assert all(isinstance(r, BackPressureError) for r in first)  # 20 callers, one refusal
+    assert second == [{"threshold": 0.5}] * 20 and third == {"threshold": 0.5}
+    assert calls == [0, 1]  # one fetch per burst, none once the value is known
