@@ -155,7 +155,14 @@ def compare_case(
     from pflash.compress.rendered import render_chat_prompt
     from pflash.compressor import ScoreOnce, compress_in_process
 
-    base = {"mode": "always", "keep_ratio": keep, "select_chunk_size": chunks[0]}
+    # attention alone: segments are what attention ranks; passage evidence cuts candidates at
+    # its own passages (ALGORITHM §4.10), which would make the two segmentations alike
+    base = {
+        "mode": "always",
+        "keep_ratio": keep,
+        "select_chunk_size": chunks[0],
+        "select_semantic_weight": 0.0,
+    }
     prompt = render_chat_prompt(env.tokenizer, case.messages())
     once = ScoreOnce(env.scorer)  # one drafter run serves every variant below
     kw = dict(target_tokenizer=env.tokenizer, drafter_tokenizer=env.tokenizer, scorer=once)

@@ -288,6 +288,7 @@ def plan_prompt(
             layout,
             prompt_end=prompt_end,
             max_turn_tokens=config.chat_skeleton_tokens,
+            system=system,
         )
     return Plan(
         drafter=drafter,
@@ -528,23 +529,34 @@ def _history_windows(
 
 
 def _add_skeleton(
-    instruction_role: list[Span], layout: ChatLayout, *, prompt_end: bool, max_turn_tokens: int
+    instruction_role: list[Span],
+    layout: ChatLayout,
+    *,
+    prompt_end: bool,
+    max_turn_tokens: int,
+    system: Sequence[Span] = (),
 ) -> list[Span]:
     """Add the dialogue skeleton (§5.5) to the instruction-role spans.
 
-    Every turn except system turns (and the query turn unless prompt_end) contributes its
-    header; a user/assistant/model turn whose content has at most `max_turn_tokens` tokens
-    contributes the whole turn ("what the conversation said rather than the material it
-    quoted"). Turns are added newest first and the skeleton stops before the canonical list
+    Every turn (but the query turn unless prompt_end) contributes its header; a
+    user/assistant/model turn whose content has at most `max_turn_tokens` tokens contributes
+    the whole turn ("what the conversation said rather than the material it quoted"), and so
+    does a system turn no client message is in (the template's default system prompt, e.g.
+    SmolLM2's). A client's system message is pinned by its own spans, its documents left
+    out; its header is pinned here, so a served prompt never opens with a system message's
+    text but no `<|im_start|>system` (the attention sink used to keep it; passage evidence
+    does not). Turns are added newest first and the skeleton stops before the canonical list
     would exceed the 64-span limit, so a long conversation keeps its recent skeleton instead
     of failing validation.
     """
     groups: list[list[Span]] = []
     for k, turn in enumerate(layout.turns):
-        if turn.role == "system" or (k == layout.query_turn_index and not prompt_end):
+        if k == layout.query_turn_index and not prompt_end:
             continue
         group = [turn.header] if not turn.header.empty else []
         is_dialogue = turn.role == "user" or turn.role in ASSISTANT_ROLES
+        if turn.role == "system":
+            is_dialogue = not any(s.overlaps(turn.content) for s in system)
         if max_turn_tokens > 0 and is_dialogue and len(turn.content) <= max_turn_tokens:
             group.append(turn.span)
         if group:

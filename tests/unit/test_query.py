@@ -480,6 +480,23 @@ def test_skeleton_keeps_short_turns_whole_and_long_turns_by_header():
     )
 
 
+@pytest.mark.parametrize("system", [None, "You are terse."])
+def test_the_system_turn_keeps_its_header_and_the_template_default_is_pinned_whole(system):
+    """Without the attention sink (passage evidence) nothing else keeps a prompt's first
+    tokens: a served prompt must not open with a system message's text but no header."""
+    messages = [{"role": "user", "content": f"{report()}\n\n{QUESTION}"}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    plan = plan_chat("smollm2", messages)
+    turn = plan.layout.turns[0]
+    assert turn.role == "system"
+    assert covers(plan, plan.pinned(), *plan.drafter.char_span(turn.header))
+    if system is None:  # SmolLM2's default system prompt: the template's text, pinned whole
+        assert covers(plan, plan.instruction_role, turn.char_role_begin, turn.char_turn_end)
+    else:  # a client's message: pinned by its own span, its header by the skeleton
+        assert [text_of(plan, s) for s in plan.system] == [system]
+
+
 def test_long_conversations_keep_the_newest_skeleton_within_the_span_limit():
     messages = [{"role": "system", "content": SYSTEM}]
     for i in range(45):
