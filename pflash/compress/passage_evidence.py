@@ -23,7 +23,10 @@ Two pure steps around the drafter call:
    spread over its tokens and normalised to sum 1 over the context, mixed with the attention
    scores (also normalised to sum 1 over the context):
    `score = (1 - sum w) * attention + sum_k w_k * signal_k`. Tokens from the question on keep
-   their attention scores (they are mandatory).
+   their attention scores (they are mandatory). Before the mix, per signal: the entity the
+   best passages name is followed (`entity_feedback`), code headers are lifted, and with
+   `select_passage_cuts` the parts of one sentence share its best score (`whole_sentences`);
+   selection then cuts its candidates at the passages (`passage_cuts`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from pflash.compress.entity_feedback import lift_named_entities
 from pflash.compress.lexical import split_units
 from pflash.compress.query import Plan, question_tail
 from pflash.compress.scoring import ScoreRequest, ScoreResult
@@ -105,7 +109,7 @@ def evidence_passages(
             | {
                 t
                 for b, _ in split_units(drafter.text, c0, c1, max_chars=None)
-                if region.begin < (t := drafter.token_at_or_after(b)) < region.end
+                if region.begin < (t := drafter.token_containing(b)) < region.end
             }
         )
         out.extend(_group(starts + [region.end], max_tokens))
@@ -209,6 +213,46 @@ def evidence_request(
     return out
 
 
+_ENDS_SENTENCE = re.compile(r"[.!?][\"')\]]*\s*$|\n\s*$")
+
+
+def whole_sentences(
+    drafter: TokenizedText, passages: Sequence[Span], values: np.ndarray
+) -> np.ndarray:
+    """Per-passage scores where the parts of a sentence cut in several passages (a sentence
+    longer than the passage length) all score the best part's score. Why: with
+    `select_passage_cuts` each part is a candidate of its own, and the part holding the
+    answer's key words would be kept without the rest of its sentence. A part continues the
+    passage before it when the two touch and neither the earlier ends a sentence or line nor
+    the later opens a line."""
+    out = np.asarray(values, dtype=np.float64).copy()
+    pieces = [drafter.text[slice(*drafter.char_span(p))] for p in passages]
+    run = [0]
+    for i in range(1, len(passages) + 1):
+        joined = (
+            i < len(passages)
+            and passages[i - 1].end == passages[i].begin
+            and not _ENDS_SENTENCE.search(pieces[i - 1])
+            and "\n" not in pieces[i][: len(pieces[i]) - len(pieces[i].lstrip())]
+        )
+        if joined:
+            run.append(i)
+            continue
+        if len(run) > 1:
+            out[run] = out[run].max()
+        run = [i]
+    return out
+
+
+def passage_cuts(signals: Sequence[PassageSignal]) -> np.ndarray:
+    """Every passage bound of `signals` (drafter tokens, sorted, unique): where candidates are
+    cut when `select_passage_cuts` is on. Why: with passage evidence a token's score is its
+    passage's, and a chunk or probe segment ranked by its sum or density mixes passages, so
+    three distractor sentences at 0.7 outrank one fact at 1.0 sharing its chunk with filler."""
+    bounds = [b for s in signals for span in s.passages for b in (span.begin, span.end)]
+    return np.unique(np.asarray(bounds, dtype=np.int64))
+
+
 def passage_signals(
     req: ScoreRequest,
     scores: ScoreResult,
@@ -251,8 +295,13 @@ def passage_signals(
         if not np.all(np.isfinite(values)):
             raise CompressionFailed("drafter", f"non-finite {name} scores")
         values = combine_questions(values) if len(shape) == 2 else np.asarray(values)
-        lifted = lift_code_headers(drafter, tuple(passages), values)
-        out.append(PassageSignal(tuple(passages), lifted, weight))
+        if config.select_entity_feedback:
+            texts = [drafter.text[slice(*drafter.char_span(p))] for p in passages]
+            values = lift_named_entities(texts, values)
+        values = lift_code_headers(drafter, tuple(passages), values)
+        if config.select_passage_cuts:  # after every lift: a sentence's parts go together
+            values = whole_sentences(drafter, passages, values)
+        out.append(PassageSignal(tuple(passages), values, weight))
     return out
 
 

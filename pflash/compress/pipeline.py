@@ -1,10 +1,8 @@
 """One request end to end: plan → budget → score → segments → select → assemble → stats.
 
-With `select_lexical` on, selection first keeps the lexical evidence (pflash/compress/lexical.py:
-text sharing rare words with the question) inside the budget, then fills by attention.
-
-Split in two pure halves around the drafter call, which `compress/compressor.py` (the one
-flow every caller uses) awaits between them:
+Selection keeps the lexical evidence first (lexical.py), then fills the budget by attention
+mixed with passage evidence (passage_evidence.py). Two pure halves around the drafter call,
+which `pflash/compressor.py` (the one flow every caller uses) awaits between them:
 
     prepare(inp, ...)          plan, budget, gate, the ScoreRequest
     finish(prepared, scores)   select, assemble, ceiling retries
@@ -140,11 +138,9 @@ def _prepare(
     target_tokenizer,
     drafter_tokenizer,
 ) -> Prepared:
-    prompt_text = (
-        inp.prompt_text
-        if inp.prompt_text is not None
-        else decode_ids(target_tokenizer, inp.prompt_ids)
-    )
+    prompt_text = inp.prompt_text
+    if prompt_text is None:
+        prompt_text = decode_ids(target_tokenizer, inp.prompt_ids)
     plan = plan_prompt(
         prompt_text=prompt_text,
         drafter_tokenizer=drafter_tokenizer,
@@ -300,6 +296,9 @@ def finish(
             pflash_query=prepared.input.pflash_query,
         )
         cands = split_candidates(cands, evidence.cut_points(), token_scores, kind=kind)
+    if signals and config.select_passage_cuts:  # a passage's tokens share its score: by density
+        kind = "density"
+        cands = split_candidates(cands, passages.passage_cuts(signals), token_scores, kind=kind)
     other = _legacy_candidate_scores(scores, cands) if config.select_scorer == "split" else None
 
     def attempt(r: float) -> _Attempt:
@@ -330,7 +329,8 @@ def finish(
     limit = max_ctx - max(1, prepared.input.max_output) if max_ctx and max_ctx > 0 else None
     fit = fit_ceiling(attempt, budget.keep_ratio, budget.ceiling, limit=limit)
     chosen: _Attempt = fit.assembly
-    lifts = tuple(candidate_lifts(scores.mass, seg.spans())) if scores.mass is not None else ()
+    recall_mass = token_scores if signals else scores.mass  # what selection ranked by
+    lifts = tuple(candidate_lifts(recall_mass, seg.spans())) if recall_mass is not None else ()
     stats = _stats(
         prepared, scores, chosen, fit.r_used, len(cands), budget.kept_tokens, select_started
     )

@@ -20,9 +20,11 @@ from pflash.compress.passage_evidence import (
     evidence_question,
     lift_code_headers,
     mix_evidence,
+    passage_cuts,
     passage_texts,
     passage_token_scores,
     question_parts,
+    whole_sentences,
 )
 from pflash.compress.pipeline import PromptInput, prepare
 from pflash.compress.rendered import RenderedPrompt
@@ -50,15 +52,15 @@ def _content(chars: int = 12000) -> str:
     return body[:mid] + "\n\n" + EVIDENCE + body[mid:] + "\n\n" + QUESTION
 
 
-def _messages() -> list[dict]:
+def _messages(content: str | None = None) -> list[dict]:
     return [
         {"role": "system", "content": "Answer briefly."},
-        {"role": "user", "content": _content()},
+        {"role": "user", "content": content or _content()},
     ]
 
 
-def _prepared(tokenizer, cfg):
-    messages = _messages()
+def _prepared(tokenizer, cfg, content: str | None = None):
+    messages = _messages(content)
     ids = tuple(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
     inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=8192)
     return inp, prepare(inp, config=cfg, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer)
@@ -199,6 +201,32 @@ def test_a_def_line_scores_as_high_as_the_docstring_that_matches_the_question(sm
     assert lift_code_headers(prose, ps, v).tolist() == v.tolist()  # prose is unchanged
 
 
+def test_the_parts_of_a_sentence_cut_in_passages_all_score_its_best_part(smollm2_tokenizer):
+    long = (
+        "Tenants of the Sorvux towers lodge 1152 credits up front, returned when they move"
+        " out of the building at the end of the lease if nothing in the flat was damaged."
+    )
+    text = "A short line.\n" + long + " Another sentence follows here.\nLast line."
+    drafter = encode_with_offsets(smollm2_tokenizer, text)
+    passages = evidence_passages(drafter, len(drafter), [], max_tokens=12)
+    texts = [drafter.text[slice(*drafter.char_span(p))] for p in passages]
+    parts = [i for i, t in enumerate(texts) if t.strip() and t.strip() in long]
+    assert len(parts) >= 2  # the long sentence was cut
+    values = np.zeros(len(passages))
+    values[parts[0]] = 0.9  # the part naming the towers matched
+    out = whole_sentences(drafter, passages, values)
+    assert out[parts].tolist() == [0.9] * len(parts)
+    last = next(i for i, t in enumerate(texts) if "Last line" in t)
+    assert out[last] == 0.0  # a new line is a new sentence
+    assert out[0] == 0.0  # so is the line before
+
+
+def test_passage_cuts_are_every_bound_of_every_signal():
+    a = PassageSignal((Span(0, 5), Span(5, 9)), np.zeros(2), 0.5)
+    b = PassageSignal((Span(3, 9),), np.zeros(1), 0.5)
+    assert passage_cuts([a, b]).tolist() == [0, 3, 5, 9]
+
+
 def test_the_embedder_reads_a_body_piece_after_its_def_line(smollm2_tokenizer):
     drafter = encode_with_offsets(smollm2_tokenizer, CODE)
     passages = evidence_passages(drafter, len(drafter), [], max_tokens=12)
@@ -250,8 +278,8 @@ def _decoy_and_likelihood(decoy: str, gain_on: str | None = EVIDENCE, likelihood
     return scorer
 
 
-def _compress(tokenizer, cfg, scorer):
-    inp, prepared = _prepared(tokenizer, cfg)
+def _compress(tokenizer, cfg, scorer, content: str | None = None):
+    inp, prepared = _prepared(tokenizer, cfg, content)
     prompt = RenderedPrompt("chat", inp.prompt_ids, tokenizer, messages=inp.messages)
     asked = []
 
@@ -354,3 +382,87 @@ def test_evidence_weights_may_not_exceed_one():
     with pytest.raises(ConfigError, match="select_semantic_weight"):
         build_config({"select_likelihood_weight": 0.6, "select_semantic_weight": 0.5}, env={})
     build_config({"select_likelihood_weight": 0.5, "select_semantic_weight": 0.5}, env={})
+
+
+def _many_near_misses(decoy: str):
+    """Cosine 0.9 for the evidence, 0.7 for every passage of `decoy` (more text than the
+    budget), 0.1 elsewhere: many passages nearly as good as the one that answers."""
+
+    def scorer(req, drafter):
+        base = _decoy_and_likelihood(decoy, likelihood=None)(req, drafter)
+        near = {t for t in req.semantic_texts if t.strip() and t.strip() in decoy}
+        sims = [0.9 if "Sorvux" in t else 0.7 if t in near else 0.1 for t in req.semantic_texts]
+        return ScoreResult(mass=base.mass, semantic=np.array([sims], dtype=np.float32))
+
+    return scorer
+
+
+@pytest.mark.parametrize("cuts", [False, True])
+def test_passage_cuts_let_the_best_passage_beat_chunks_full_of_near_misses(smollm2_tokenizer, cuts):
+    """Ranked by chunk, a chunk of three near misses (3 x 0.7) beats the chunk holding the
+    answer (0.9 next to filler); cut at the passages, each passage is ranked by its own score."""
+    decoy = _content()[:3000]
+    cfg = build_config({**CFG, "select_semantic_weight": 1.0, "select_passage_cuts": cuts}, env={})
+    out, req = _compress(smollm2_tokenizer, cfg, _many_near_misses(decoy))
+    assert (EVIDENCE in out.served_text) is cuts
+    assert out.stats["segments"] > (len(req.semantic_passages) if cuts else 0)
+
+
+FIRM_FACTS = (
+    "Kunlun took in revenue of 15317 thousand euros over its latest year.",
+    "The staff of Kunlun numbers 7176.",
+    "The Kunlun chain counts 54 shops.",
+    "Kunlun was started by Sabine Nextreil.",
+)
+FIRM_QUESTION = "About the firm described above: How large is its staff? Who founded it?"
+
+
+def _firm_document() -> str:
+    body = open("/usr/share/common-licenses/GPL-3").read()[:12000]
+    breaks = [i for i in range(len(body)) if body.startswith("\n\n", i)]
+    picks = [breaks[len(breaks) * (k + 1) // 5] for k in range(4)]
+    for at, fact in sorted(zip(picks, FIRM_FACTS, strict=True), reverse=True):
+        body = body[:at] + "\n\n" + fact + body[at:]
+    return body + "\n\n" + FIRM_QUESTION
+
+
+def _one_fact_found(decoy: str):
+    """The revenue fact matches (0.9); the firm's other facts score below the many near
+    misses of `decoy` (0.45 against 0.7), 0.1 elsewhere."""
+
+    def scorer(req, drafter):
+        base = _decoy_and_likelihood(decoy, likelihood=None)(req, drafter)
+        sims = [
+            0.9
+            if "revenue" in t
+            else 0.45
+            if "Kunlun" in t
+            else 0.7
+            if t.strip() and t.strip() in decoy
+            else 0.1
+            for t in req.semantic_texts
+        ]
+        rows = [sims] * len(req.semantic_questions)
+        return ScoreResult(mass=base.mass, semantic=np.array(rows, dtype=np.float32))
+
+    return scorer
+
+
+@pytest.mark.parametrize("feedback", [False, True])
+def test_entity_feedback_keeps_every_fact_about_the_firm_the_best_passage_names(
+    smollm2_tokenizer, feedback
+):
+    content = _firm_document()
+    cfg = build_config(
+        {
+            **CFG,
+            "select_semantic_weight": 1.0,
+            "select_passage_cuts": True,
+            "select_entity_feedback": feedback,
+        },
+        env={},
+    )
+    out, _ = _compress(smollm2_tokenizer, cfg, _one_fact_found(content[:3000]), content)
+    kept = [f in out.served_text for f in FIRM_FACTS]
+    assert kept[0]  # the fact the embedder found is kept either way
+    assert all(kept) is feedback

@@ -117,6 +117,8 @@ def test_the_next_turn_extends_the_view_of_a_compressed_system_prompt(app):
     )
     second = app.serve("chat", {"messages": follow, "pflash_mode": "always", "session_id": "s1"})
     view = second["stats"]["view"]
-    assert view["mode"] in ("continue", "continue-compressed") and view["turn"] == 2
+    assert view["mode"] in ("continue", "continue-compressed") and view["turn"] == 2, second[
+        "stats"
+    ]
     assert second["prompt"].startswith(first["prompt"].rsplit("<|im_start|>assistant", 1)[0])
     assert view["reused_tokens"] > 0
