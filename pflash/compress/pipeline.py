@@ -329,8 +329,7 @@ def finish(
     limit = max_ctx - max(1, prepared.input.max_output) if max_ctx and max_ctx > 0 else None
     fit = fit_ceiling(attempt, budget.keep_ratio, budget.ceiling, limit=limit)
     chosen: _Attempt = fit.assembly
-    recall_mass = token_scores if signals else scores.mass  # what selection ranked by
-    lifts = tuple(candidate_lifts(recall_mass, seg.spans())) if recall_mass is not None else ()
+    lifts = tuple(candidate_lifts(scores.mass, seg.spans())) if scores.mass is not None else ()
     stats = _stats(
         prepared, scores, chosen, fit.r_used, len(cands), budget.kept_tokens, select_started
     )
