@@ -34,7 +34,12 @@ from pflash.bench.long_context import EMBEDDED, build_haystack, haystack, questi
 
 
 def _config(
-    tmp: Path, port: int, attention: str, max_prompt: int, drafter_cpus: float | None
+    tmp: Path,
+    port: int,
+    attention: str,
+    max_prompt: int,
+    drafter_cpus: float | None,
+    target_threads: int | None = None,
 ) -> Path:
     base = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     base["http_options"]["port"] = port
@@ -43,6 +48,11 @@ def _config(
         for dep in base["applications"][0]["deployments"]:
             share = drafter_cpus if dep["name"] == "DrafterScorer" else rest
             dep["ray_actor_options"]["num_cpus"] = round(share, 3)
+    if target_threads is not None:  # the drafter and the target run one after the other
+        for dep in base["applications"][0]["deployments"]:
+            if dep["name"] == "TargetModel":
+                env = dep["ray_actor_options"].setdefault("runtime_env", {})
+                env.setdefault("env_vars", {})["PFLASH_TORCH_THREADS"] = str(target_threads)
     args = base["applications"][0]["args"]
     args.update(
         drafter_attention=attention, max_prompt_tokens=max_prompt, return_prompt_enabled=True
@@ -92,7 +102,11 @@ def _stream(url: str, messages, timeout_s: float) -> dict:
 
 
 def run(
-    lengths: list[int], attention: str, runs: int, drafter_cpus: float | None = None
+    lengths: list[int],
+    attention: str,
+    runs: int,
+    drafter_cpus: float | None = None,
+    target_threads: int | None = None,
 ) -> list[dict]:
     from pflash.models.source import load_tokenizer
 
@@ -101,7 +115,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="pflh") as tmp:
         port = free_port()
         max_prompt = max(131072, max(lengths) + 8192)
-        config = _config(Path(tmp), port, attention, max_prompt, drafter_cpus)
+        config = _config(Path(tmp), port, attention, max_prompt, drafter_cpus, target_threads)
         cluster = ServeCluster(config, Path(tmp))
         url = f"http://127.0.0.1:{port}"
         try:
@@ -181,9 +195,15 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="the DrafterScorer's CPU share (torch threads = its ceiling); default: the shipped",
     )
+    parser.add_argument(
+        "--target-threads",
+        type=int,
+        help="torch threads of the embedded target (PFLASH_TORCH_THREADS); one request at a"
+        " time, the target prefills after the drafter is done, so both may use every core",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    results = run(args.lengths, args.attention, args.runs, args.drafter_cpus)
+    results = run(args.lengths, args.attention, args.runs, args.drafter_cpus, args.target_threads)
     print(table(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))

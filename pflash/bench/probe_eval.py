@@ -186,7 +186,9 @@ def compare_case(
 class Env:
     """The embedded drafter, its tokenizer and the committed probe, loaded once."""
 
-    def __init__(self, drafter: str = EMBEDDED, probe_path: str | None = None):
+    def __init__(
+        self, drafter: str = EMBEDDED, probe_path: str | None = None, attention: str | None = None
+    ):
         from pflash.config import build_config
         from pflash.models.drafter.scorer import DrafterScorer
         from pflash.models.probe import (
@@ -197,6 +199,7 @@ class Env:
         from pflash.models.source import load_tokenizer
 
         self.drafter = drafter
+        self.attention = attention  # the drafter trunk's attention; None = the product default
         self.probe_path = resolve_probe_path(probe_path or "embedded", drafter)
         self._build = build_config
         self.scorer = DrafterScorer(self.config({}))
@@ -209,6 +212,8 @@ class Env:
             "drafter": self.drafter,
             "segment_probe_gguf": str(self.probe_path),
         }
+        if self.attention:
+            base["drafter_attention"] = self.attention
         return self._build(base | extra, env={})
 
 
@@ -301,13 +306,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", type=int, default=30, help="retrieval cases (retention)")
     p.add_argument("--keep", type=float, default=0.1)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--attention",
+        choices=("dense", "window", "block_sparse"),
+        help="the drafter trunk's attention (default: the product's)",
+    )
     p.add_argument("--out", default=None, help="also write the JSON report here")
     args = p.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
-    env = Env(probe_path=args.probe)
-    report: dict = {"probe": str(env.probe_path)}
+    env = Env(probe_path=args.probe, attention=args.attention)
+    report: dict = {"probe": str(env.probe_path), "attention": args.attention or "default"}
     sections = set(args.sections.split(","))
     if "boundaries" in sections:
         report["boundaries"] = held_out_boundaries(env, docs=args.docs, seed=args.seed)

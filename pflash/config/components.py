@@ -368,7 +368,7 @@ class ScoringConfig(Component):
         description="Per-conversation drafter scoring sessions kept (LRU); 0 = none.",
     )
     drafter_attention: Literal["dense", "window", "block_sparse"] = Field(
-        "dense",
+        "window",
         description="Attention of the drafter layers below the scoring layer (head scorer): dense (every earlier token; time quadratic, KV cache linear in the prompt), window (the first drafter_sink_tokens plus the last drafter_window_tokens; time linear, KV cache bounded) or block_sparse (per block of drafter_block_tokens queries: the sink, the window and the drafter_top_blocks earlier blocks whose mean key best matches the block's mean query; time linear, KV cache linear). The scoring layer still reads every token. Legacy/split scorers and look-ahead stay dense.",
     )
     drafter_window_tokens: int = Field(
