@@ -187,7 +187,11 @@ class Env:
     """The embedded drafter, its tokenizer and the committed probe, loaded once."""
 
     def __init__(
-        self, drafter: str = EMBEDDED, probe_path: str | None = None, attention: str | None = None
+        self,
+        drafter: str = EMBEDDED,
+        probe_path: str | None = None,
+        attention: str | None = None,
+        overrides: dict | None = None,
     ):
         from pflash.config import build_config
         from pflash.models.drafter.scorer import DrafterScorer
@@ -200,6 +204,7 @@ class Env:
 
         self.drafter = drafter
         self.attention = attention  # the drafter trunk's attention; None = the product default
+        self.overrides = dict(overrides or {})  # applied last, over each section's own config
         self.probe_path = resolve_probe_path(probe_path or "embedded", drafter)
         self._build = build_config
         self.scorer = DrafterScorer(self.config({}))
@@ -214,7 +219,7 @@ class Env:
         }
         if self.attention:
             base["drafter_attention"] = self.attention
-        return self._build(base | extra, env={})
+        return self._build(base | extra | self.overrides, env={})
 
 
 # --------------------------------------------------------------------------- sections
@@ -311,13 +316,26 @@ def main(argv: list[str] | None = None) -> int:
         choices=("dense", "window", "block_sparse"),
         help="the drafter trunk's attention (default: the product's)",
     )
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides over every section's own (retention runs attention alone unless"
+        " e.g. select_semantic_weight=1.0 asks for the product's semantic evidence)",
+    )
     p.add_argument("--out", default=None, help="also write the JSON report here")
     args = p.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
-    env = Env(probe_path=args.probe, attention=args.attention)
-    report: dict = {"probe": str(env.probe_path), "attention": args.attention or "default"}
+    overrides = dict(kv.split("=", 1) for kv in args.set)
+    env = Env(probe_path=args.probe, attention=args.attention, overrides=overrides)
+    report: dict = {
+        "probe": str(env.probe_path),
+        "attention": args.attention or "default",
+        "overrides": overrides,
+    }
     sections = set(args.sections.split(","))
     if "boundaries" in sections:
         report["boundaries"] = held_out_boundaries(env, docs=args.docs, seed=args.seed)
