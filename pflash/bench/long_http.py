@@ -43,16 +43,16 @@ def _config(
 ) -> Path:
     base = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     base["http_options"]["port"] = port
-    if drafter_cpus is not None:  # the rest of the 2 CPUs go to the others
-        rest = max(0.05, (2.0 - drafter_cpus) / 3)
-        for dep in base["applications"][0]["deployments"]:
+    for dep in base["applications"][0]["deployments"]:
+        options = dep["ray_actor_options"]
+        if drafter_cpus is not None:  # the rest of the 2 CPUs go to the others
+            rest = max(0.05, (2.0 - drafter_cpus) / 3)
             share = drafter_cpus if dep["name"] == "DrafterScorer" else rest
-            dep["ray_actor_options"]["num_cpus"] = round(share, 3)
-    if target_threads is not None:  # the drafter and the target run one after the other
-        for dep in base["applications"][0]["deployments"]:
-            if dep["name"] == "TargetModel":
-                env = dep["ray_actor_options"].setdefault("runtime_env", {})
-                env.setdefault("env_vars", {})["PFLASH_TORCH_THREADS"] = str(target_threads)
+            options["num_cpus"] = round(share, 3)
+        if target_threads is not None and dep["name"] == "TargetModel":
+            # one request at a time, the target prefills after the drafter is done
+            env = options.setdefault("runtime_env", {}).setdefault("env_vars", {})
+            env["PFLASH_TORCH_THREADS"] = str(target_threads)
     args = base["applications"][0]["args"]
     args.update(
         drafter_attention=attention, max_prompt_tokens=max_prompt, return_prompt_enabled=True

@@ -31,30 +31,34 @@ def chat(n_messages: int, n_system: int, words: int = 12) -> list[dict]:
     return out
 
 
-def measure(tokenizer, messages: list[dict], repeats: int) -> dict:
+def plan_chat(tokenizer, messages: list[dict]):
+    """Render, plan and key one chat as a request does before the drafter: the prepared
+    plan and the seconds each step took."""
     from pflash.compress.pipeline import PromptInput, prepare
     from pflash.compress.rendered import render_chat_prompt
     from pflash.config import build_config
     from pflash.views.keys import view_keys
 
     config = build_config({"mode": "always", "keep_ratio": 0.1, "select_chunk_size": 64}, env={})
-    times = {"render": [], "plan": [], "keys": []}
+    t0 = time.perf_counter()
+    prompt = render_chat_prompt(tokenizer, messages)
+    t1 = time.perf_counter()
+    inp = PromptInput(prompt_ids=prompt.ids, messages=messages, prompt_text=prompt.text)
+    prepared = prepare(inp, config=config, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer)
+    t2 = time.perf_counter()
+    view_keys(prepared, tokenizer, tokenizer)
+    t3 = time.perf_counter()
+    return prepared, {"render": t1 - t0, "plan": t2 - t1, "keys": t3 - t2}
+
+
+def measure(tokenizer, messages: list[dict], repeats: int) -> dict:
+    times: dict[str, list[float]] = {"render": [], "plan": [], "keys": []}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        prompt = render_chat_prompt(tokenizer, messages)
-        t1 = time.perf_counter()
-        inp = PromptInput(prompt_ids=prompt.ids, messages=messages, prompt_text=prompt.text)
-        prepared = prepare(
-            inp, config=config, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer
-        )
-        t2 = time.perf_counter()
-        view_keys(prepared, tokenizer, tokenizer)
-        t3 = time.perf_counter()
-        times["render"].append(t1 - t0)
-        times["plan"].append(t2 - t1)
-        times["keys"].append(t3 - t2)
+        prepared, took = plan_chat(tokenizer, messages)
+        for k, v in took.items():
+            times[k].append(v)
     med = {k: round(statistics.median(v) * 1000, 1) for k, v in times.items()}
-    return {"tokens": len(prompt.ids), **{f"{k}_ms": v for k, v in med.items()}}
+    return {"tokens": len(prepared.input.prompt_ids), **{f"{k}_ms": v for k, v in med.items()}}
 
 
 def main(argv: list[str] | None = None) -> None:

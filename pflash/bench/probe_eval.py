@@ -190,7 +190,6 @@ class Env:
         self,
         drafter: str = EMBEDDED,
         probe_path: str | None = None,
-        attention: str | None = None,
         overrides: dict | None = None,
     ):
         from pflash.config import build_config
@@ -203,7 +202,6 @@ class Env:
         from pflash.models.source import load_tokenizer
 
         self.drafter = drafter
-        self.attention = attention  # the drafter trunk's attention; None = the product default
         self.overrides = dict(overrides or {})  # applied last, over each section's own config
         self.probe_path = resolve_probe_path(probe_path or "embedded", drafter)
         self._build = build_config
@@ -217,8 +215,6 @@ class Env:
             "drafter": self.drafter,
             "segment_probe_gguf": str(self.probe_path),
         }
-        if self.attention:
-            base["drafter_attention"] = self.attention
         return self._build(base | extra | self.overrides, env={})
 
 
@@ -330,12 +326,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     overrides = dict(kv.split("=", 1) for kv in args.set)
-    env = Env(probe_path=args.probe, attention=args.attention, overrides=overrides)
-    report: dict = {
-        "probe": str(env.probe_path),
-        "attention": args.attention or "default",
-        "overrides": overrides,
-    }
+    if args.attention:
+        overrides["drafter_attention"] = args.attention
+    env = Env(probe_path=args.probe, overrides=overrides)
+    report: dict = {"probe": str(env.probe_path), "overrides": overrides}
     sections = set(args.sections.split(","))
     if "boundaries" in sections:
         report["boundaries"] = held_out_boundaries(env, docs=args.docs, seed=args.seed)

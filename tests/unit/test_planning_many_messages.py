@@ -8,31 +8,17 @@ right: the latest user content is the question, every system message is pinned.
 
 from __future__ import annotations
 
-from pflash.bench.planning import chat, measure
+from pflash.bench.planning import chat, plan_chat
 
 
 def test_a_thousand_messages_with_system_turns_are_planned_with_the_question_last(
     smollm2_tokenizer,
 ):
-    from pflash.compress.pipeline import PromptInput, prepare
-    from pflash.compress.rendered import render_chat_prompt
-    from pflash.config import build_config
-
     messages = chat(1000, 64)
     assert sum(m["role"] == "system" for m in messages) == 64
 
-    row = measure(smollm2_tokenizer, messages, repeats=1)
-    assert row["tokens"] > 30_000
-    assert all(row[k] >= 0 for k in ("render_ms", "plan_ms", "keys_ms"))
-
-    prompt = render_chat_prompt(smollm2_tokenizer, messages)
-    config = build_config({"mode": "always", "keep_ratio": 0.1}, env={})
-    prepared = prepare(
-        PromptInput(prompt_ids=prompt.ids, messages=messages, prompt_text=prompt.text),
-        config=config,
-        target_tokenizer=smollm2_tokenizer,
-        drafter_tokenizer=smollm2_tokenizer,
-    )
+    prepared, _ = plan_chat(smollm2_tokenizer, messages)
+    assert len(prepared.input.prompt_ids) > 30_000
     assert prepared.compress and prepared.score_request is not None
     plan = prepared.plan
     text = plan.drafter.text
