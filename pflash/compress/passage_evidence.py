@@ -43,6 +43,7 @@ from pflash.compress.entity_feedback import lift_named_entities
 from pflash.compress.lexical import split_units
 from pflash.compress.query import Plan, question_tail
 from pflash.compress.scoring import ScoreRequest, ScoreResult
+from pflash.compress.selection.candidates import Candidates, split_candidates
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, TokenizedText, subtract
@@ -251,6 +252,19 @@ def passage_cuts(signals: Sequence[PassageSignal]) -> np.ndarray:
     three distractor sentences at 0.7 outrank one fact at 1.0 sharing its chunk with filler."""
     bounds = [b for s in signals for span in s.passages for b in (span.begin, span.end)]
     return np.unique(np.asarray(bounds, dtype=np.int64))
+
+
+MIN_PIECE = 4  # drafter tokens: shorter slivers between a passage and a segment bound join on
+
+
+def cut_at_passages(
+    cands: Candidates, signals: Sequence[PassageSignal], token_scores: np.ndarray
+) -> Candidates:
+    """The candidates cut at every passage bound (`passage_cuts`) and scored by density,
+    each piece at least `MIN_PIECE` tokens (a cut nearer a segment bound or the cut before
+    it is skipped: the indentation or blank line between them is no candidate of its own)."""
+    cuts = passage_cuts(signals)
+    return split_candidates(cands, cuts, token_scores, kind="density", min_piece=MIN_PIECE)
 
 
 def passage_signals(

@@ -298,7 +298,7 @@ def finish(
         cands = split_candidates(cands, evidence.cut_points(), token_scores, kind=kind)
     if signals and config.select_passage_cuts:  # a passage's tokens share its score: by density
         kind = "density"
-        cands = split_candidates(cands, passages.passage_cuts(signals), token_scores, kind=kind)
+        cands = passages.cut_at_passages(cands, signals, token_scores)
     other = _legacy_candidate_scores(scores, cands) if config.select_scorer == "split" else None
 
     def attempt(r: float) -> _Attempt:
@@ -329,7 +329,8 @@ def finish(
     limit = max_ctx - max(1, prepared.input.max_output) if max_ctx and max_ctx > 0 else None
     fit = fit_ceiling(attempt, budget.keep_ratio, budget.ceiling, limit=limit)
     chosen: _Attempt = fit.assembly
-    lifts = tuple(candidate_lifts(scores.mass, seg.spans())) if scores.mass is not None else ()
+    spans = cands.spans() if signals and config.select_passage_cuts else seg.spans()  # §3.5
+    lifts = tuple(candidate_lifts(scores.mass, spans)) if scores.mass is not None else ()
     stats = _stats(
         prepared, scores, chosen, fit.r_used, len(cands), budget.kept_tokens, select_started
     )

@@ -529,6 +529,14 @@ def test_split_candidates_cuts_optional_candidates_at_unit_edges_and_keeps_manda
     assert dense.score[0] == pytest.approx(4.5) and dense.score[1] == pytest.approx(36.5)
 
 
+def test_split_candidates_skips_cuts_that_would_leave_a_sliver():
+    cands, scores = _grid(200, 64, Span(190, 200))
+    # 2 from the chunk's start, 3 after the cut before, 2 before the chunk's end: skipped
+    out = split_candidates(cands, [2, 30, 33, 62, 100], scores, kind="density", min_piece=4)
+    assert out.spans()[:4] == (Span(0, 30), Span(30, 64), Span(64, 100), Span(100, 128))
+    assert all(len(s) >= 4 for s in out.spans())
+
+
 def test_split_candidates_without_interior_cuts_returns_the_same_candidates():
     cands, scores = _grid(200, 64, Span(190, 200))
     assert split_candidates(cands, [0, 64, 128, 195], scores, kind="sum") is cands

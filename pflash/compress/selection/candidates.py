@@ -155,7 +155,12 @@ def build_candidates(
 
 
 def split_candidates(
-    cands: Candidates, cuts: Sequence[int], token_scores: np.ndarray, *, kind: ScoreKind
+    cands: Candidates,
+    cuts: Sequence[int],
+    token_scores: np.ndarray,
+    *,
+    kind: ScoreKind,
+    min_piece: int = 1,
 ) -> Candidates:
     """Cut the optional candidates at the drafter-token positions `cuts`.
 
@@ -165,6 +170,11 @@ def split_candidates(
     overlaps nothing its parent did not), and is scored like the parent (`kind`) over its own
     span. Ordinals are renumbered in source order. Without a cut inside an optional
     candidate, `cands` is returned as is.
+
+    `min_piece`: a cut closer than this many tokens to its candidate's edge or to the cut
+    before it is skipped. Why: passage bounds sit at sentence starts and segment bounds
+    elsewhere, so their slivers (a line's indentation, a blank line) would each be a
+    candidate at their passage's density and fill the budget's leftovers with whitespace.
     """
     points = np.unique(np.asarray(cuts, dtype=np.int64))
     lo = np.searchsorted(points, cands.begin, side="right")
@@ -177,6 +187,8 @@ def split_candidates(
     mandatory: list[np.ndarray] = []
     for i in np.argsort(cands.begin, kind="stable").tolist():
         inner = points[lo[i] : hi[i]] if split[i] else points[:0]
+        if min_piece > 1 and inner.size:
+            inner = _spaced(inner, int(cands.begin[i]), int(cands.end[i]), min_piece)
         edges = np.concatenate(([cands.begin[i]], inner, [cands.end[i]]))
         begins.append(edges[:-1])
         ends.append(edges[1:])
@@ -187,6 +199,17 @@ def split_candidates(
     return Candidates(
         begin, end, score, np.concatenate(mandatory), np.arange(begin.size, dtype=np.int64)
     )
+
+
+def _spaced(inner: np.ndarray, begin: int, end: int, gap: int) -> np.ndarray:
+    """The cuts of `inner` (sorted, inside (begin, end)) at least `gap` tokens from `end`
+    and from the last cut kept (`begin` first)."""
+    kept, last = [], begin
+    for c in inner.tolist():
+        if c - last >= gap and end - c >= gap:
+            kept.append(c)
+            last = c
+    return np.asarray(kept, dtype=np.int64)
 
 
 def promote_spans(
