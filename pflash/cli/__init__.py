@@ -1,4 +1,4 @@
-"""`pflash` command line: plan, compress, trace view, probe/head train, calibrate, and the
+"""`pflash` command line: plan, compress, trace view, probe/head/projection train, calibrate, and the
 commands other packages register (the benchmark harness registers `pflash bench`).
 
 Each subcommand lives in the module of what it does; this file only parses arguments. The
@@ -86,6 +86,19 @@ def _add_head(sub: argparse._SubParsersAction) -> None:
     add_arguments(train)
 
 
+def _add_projection(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("projection", help="tap projection (passage evidence): train it")
+    actions = p.add_subparsers(dest="projection_command", required=True)
+    train = actions.add_parser(
+        "train",
+        help="train the tap projection on question/evidence pairs over real text and write "
+        "its GGUF",
+    )
+    from pflash.train.projection import add_arguments
+
+    add_arguments(train)
+
+
 def _registered_commands() -> dict[str, ModuleType]:
     """Commands installed packages register (entry points of group `pflash.commands`)."""
     return {ep.name: ep.load() for ep in entry_points(group=COMMANDS_GROUP)}
@@ -125,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_compress(sub)
     _add_probe(sub)
     _add_head(sub)
+    _add_projection(sub)
     _add_trace(sub)
     _add_calibrate(sub)
     registered = _registered_commands()
@@ -148,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         from pflash.train.head import run_train as run_head_train
 
         return run_head_train(args)
+    if args.command == "projection" and args.projection_command == "train":
+        from pflash.train.projection import run_train as run_projection_train
+
+        return run_projection_train(args)
     if args.command in registered:
         return registered[args.command].run(args)
     if args.command == "trace":

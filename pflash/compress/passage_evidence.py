@@ -1,7 +1,7 @@
 """Passage evidence in strict selection: passages that answer the question in other words.
 
 Why: attention at the drafter's scoring layer does not connect a paraphrased question to its
-evidence (BENCHMARKS.md, issue 18). Two signals can, both scored per passage of the text
+evidence (BENCHMARKS.md, issue 18). Three signals can, each scored per passage of the text
 before the question and mixed into the token scores:
 
 - **likelihood** (`select_likelihood_weight`): the drafter as a language model; reading the
@@ -10,6 +10,10 @@ before the question and mixed into the token scores:
 - **semantic** (`select_semantic_weight`): a sentence embedder trained to pair questions
   with the passages that answer them (`pflash.models.embedder`); cosine of question and
   passage.
+- **projection** (`select_projection_weight`): a linear projection of the drafter's own tap
+  trained on question/evidence pairs (`pflash.models.projection`, `pflash projection
+  train`); cosine of the pooled question rows and each passage's pooled rows. No second
+  model: the rows come from the drafter pass selection already runs.
 
 Two pure steps around the drafter call:
 
@@ -177,13 +181,15 @@ def mix_evidence(
 def evidence_request(
     plan: Plan, pinned: Sequence[Span], config: PFlashConfig, *, suffix: bool
 ) -> dict[str, Any]:
-    """What the drafter scores by question likelihood and by the sentence embedder, when
-    asked for: passages of the droppable text before the question. Not in the agent loop
+    """What the drafter scores by question likelihood, the sentence embedder and the tap
+    projection, when asked for: passages of the droppable text before the question (the
+    projection scores the embedder's passages against the same question span). Not in the agent loop
     (`suffix`): its candidates after the question have no passage, so the scores would not be
     on one scale. Returns the ScoreRequest fields."""
     want_likelihood = config.select_likelihood_weight > 0
     want_semantic = config.select_semantic_weight > 0
-    if not (want_likelihood or want_semantic) or suffix:
+    want_projection = config.select_projection_weight > 0
+    if not (want_likelihood or want_semantic or want_projection) or suffix:
         return {}
     question = evidence_question(plan)
     if question is None:
@@ -196,13 +202,15 @@ def evidence_request(
         )
         if passages:
             out |= {"likelihood_passages": passages, "likelihood_question": question}
-    if want_semantic:
+    if want_semantic or want_projection:
         question = evidence_question(plan, SEMANTIC_QUESTION_TOKENS) or question
         end = min(question.begin, plan.query.begin)
         semantic = evidence_passages(
             plan.drafter, end, pinned, max_tokens=config.semantic_passage_tokens
         )
-        if semantic:
+        if semantic and want_projection:
+            out |= {"projection_passages": semantic, "projection_question": question}
+        if semantic and want_semantic:
             text = plan.drafter.text
             out |= {
                 "semantic_passages": semantic,
@@ -297,6 +305,16 @@ def passage_signals(
                 scores.semantic,
                 shape,
                 config.select_semantic_weight,
+            )
+        )
+    if req.projection_passages:
+        asked.append(
+            (
+                "projection",
+                req.projection_passages,
+                scores.projection,
+                (len(req.projection_passages),),
+                config.select_projection_weight,
             )
         )
     out = []

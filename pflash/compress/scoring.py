@@ -31,6 +31,8 @@ class ScoreRequest:
       `semantic_questions` (the question, then each of its sentences when it has several;
       the same module); empty = none asked. `semantic_passages`: their spans, for the
       pipeline that mixes the scores (the drafter reads the texts).
+    - `projection_passages`: passages to score by the tap projection's cosine to the
+      `projection_question` rows (`pflash.models.projection`); empty = none asked.
     """
 
     ids: tuple[int, ...]
@@ -45,6 +47,8 @@ class ScoreRequest:
     semantic_passages: tuple[Span, ...] = ()
     semantic_texts: tuple[str, ...] = ()
     semantic_questions: tuple[str, ...] = ()
+    projection_passages: tuple[Span, ...] = ()
+    projection_question: Span | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ class ScoreResult:
       tokens (nats per token), float32 [len(likelihood_passages)]; None when none was asked.
     - `semantic`: per question and asked text, the cosine of their embeddings, float32
       [len(semantic_questions), len(semantic_texts)]; None when none was asked.
+    - `projection`: per asked projection passage, the tap projection's cosine to the
+      question, float32 [len(projection_passages)]; None when none was asked.
     - `scorer_resume`: tokens reused from a drafter session; `scorer_new_tokens`: tokens
       run through the drafter this call; `scorer_forward_ms`: drafter forward wall time.
     """
@@ -72,6 +78,7 @@ class ScoreResult:
     extras: dict = field(default_factory=dict)
     likelihood: np.ndarray | None = None
     semantic: np.ndarray | None = None
+    projection: np.ndarray | None = None
 
 
 Scorer = Callable[[ScoreRequest], ScoreResult]

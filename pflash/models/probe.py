@@ -240,6 +240,29 @@ def write_gguf(
     return Path(path)
 
 
+def open_typed_gguf(path: Path, where: str):
+    """A GGUF reader for `path` and `value(key, kind)`, which returns a metadata value only
+    when it is present with exactly that GGUF type; else `ModelUnavailable` naming `where`
+    (shared by the probe and tap projection files)."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as err:
+        raise ModelUnavailable(f"{where} is not a readable GGUF file: {err}") from err
+
+    def value(key: str, kind: str):
+        fld = reader.fields.get(key)
+        if fld is None:
+            raise ModelUnavailable(f"{where} lacks metadata key {key}")
+        got = [t.name for t in fld.types]
+        if got != [kind]:
+            raise ModelUnavailable(f"{where}: {key} must be {kind}, got {'/'.join(got)}")
+        return fld.contents()
+
+    return reader, value
+
+
 def write_probe_gguf(path: str | Path, f: ProbeFile) -> Path:
     """Write a probe file in the reference layout (§7.2)."""
     return write_gguf(path, probe_fields(f), probe_tensors(f))
@@ -257,19 +280,7 @@ def read_probe_gguf(path: str | Path) -> ProbeFile:
         raise ModelUnavailable(
             f"{where} not found; set segment_probe_gguf to an existing file or unset it"
         )
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as err:
-        raise ModelUnavailable(f"{where} is not a readable GGUF file: {err}") from err
-
-    def value(key: str, kind: str):
-        fld = reader.fields.get(key)
-        if fld is None:
-            raise ModelUnavailable(f"{where} lacks metadata key {key}")
-        got = [t.name for t in fld.types]
-        if got != [kind]:
-            raise ModelUnavailable(f"{where}: {key} must be {kind}, got {'/'.join(got)}")
-        return fld.contents()
+    reader, value = open_typed_gguf(path, where)
 
     arch = value("general.architecture", "STRING")
     if arch != PROBE_ARCH:

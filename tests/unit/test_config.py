@@ -186,6 +186,7 @@ LAYOUT = {
         "likelihood_passage_tokens": 96,
         "select_semantic_weight": 1.0,
         "semantic_passage_tokens": 24,
+        "select_projection_weight": 0.0,
         "select_entity_feedback": True,
         "select_passage_cuts": True,
         "select_paragraph_join": True,
@@ -246,6 +247,7 @@ LAYOUT = {
         "segment_probe_gguf": "embedded",
         "drafter_calibration": None,
         "semantic_embedder": "embedded:all-minilm-l6-v2",
+        "projection_gguf": "embedded",
         "drafter_lookahead_tokens": 0,
         "drafter_lookahead_weight": 1.0,
     },
@@ -321,6 +323,7 @@ SAMPLES = [
     ("likelihood_passage_tokens", 48, "48", 48),
     ("select_semantic_weight", 0.25, "0.25", 0.25),
     ("semantic_passage_tokens", 32, "32", 32),
+    ("select_projection_weight", 0.25, "0.25", 0.25),
     ("select_entity_feedback", False, "false", False),
     ("select_passage_cuts", False, "0", False),
     ("select_paragraph_join", False, "0", False),
@@ -375,6 +378,7 @@ SAMPLES = [
     ("segment_probe_gguf", "/models/p.gguf", "/models/p.gguf", "/models/p.gguf"),
     ("drafter_calibration", "embedded", "embedded", "embedded"),
     ("semantic_embedder", "/models/minilm", "/models/minilm", "/models/minilm"),
+    ("projection_gguf", "/models/p.gguf", "/models/p.gguf", "/models/p.gguf"),
     ("drafter_lookahead_tokens", 4, "4", 4),
     ("drafter_lookahead_weight", 0.5, "0.5", 0.5),
     ("target", "/models/t", "/models/t", "/models/t"),
@@ -407,6 +411,7 @@ SAMPLES = [
 NEEDS = {  # the cross-field checks
     "target_backend": {"upstream_base_url": "http://u:8001/v1"},
     "select_likelihood_weight": {"select_semantic_weight": 0.0},  # the weights sum to <= 1
+    "select_projection_weight": {"select_semantic_weight": 0.0},
 }
 
 

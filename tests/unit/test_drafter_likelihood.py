@@ -123,7 +123,7 @@ def test_the_scorer_returns_gains_beside_unchanged_mass(tiny):
 @pytest.mark.parametrize(
     ("passages", "question", "message"),
     [
-        ((Span(0, 10), Span(60, 80)), QUESTION, "likelihood passage out of range"),
+        ((Span(0, 10), Span(60, 80)), QUESTION, "evidence passage out of range"),
         ((Span(0, 10),), None, "likelihood needs a question"),
         ((Span(0, 10),), Span(60, 61), "likelihood needs a question"),
     ],

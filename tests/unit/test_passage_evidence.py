@@ -8,6 +8,8 @@ own work: what it asks the drafter for, how it mixes, and that it fails closed.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -382,6 +384,59 @@ def test_evidence_weights_may_not_exceed_one():
     with pytest.raises(ConfigError, match="select_semantic_weight"):
         build_config({"select_likelihood_weight": 0.6, "select_semantic_weight": 0.5}, env={})
     build_config({"select_likelihood_weight": 0.5, "select_semantic_weight": 0.5}, env={})
+
+
+def _decoy_and_projection(decoy: str, projection="per_passage"):
+    """Attention on `decoy`; projection cosine 0.9 for the passage holding the evidence's
+    first words, 0.1 for the others (or no reply, or one value short)."""
+
+    def scorer(req, drafter):
+        base = _decoy_and_likelihood(decoy, likelihood=None)(req, drafter)
+        texts = [drafter.text[slice(*drafter.char_span(p))] for p in req.projection_passages]
+        sims = np.array([0.9 if "Sorvux" in t else 0.1 for t in texts], dtype=np.float32)
+        if projection is None:
+            sims = None
+        elif projection == "short":
+            sims = sims[:-1]
+        return ScoreResult(mass=base.mass, projection=sims)
+
+    return scorer
+
+
+def test_projection_evidence_asks_for_passages_and_the_question_and_keeps_the_answer(
+    smollm2_tokenizer,
+):
+    decoy = _content()[:3000]
+    cfg = build_config(
+        {**CFG, "select_semantic_weight": 0.0, "select_projection_weight": 1.0}, env={}
+    )
+    out, req = _compress(smollm2_tokenizer, cfg, _decoy_and_projection(decoy))
+    drafter = encode_with_offsets(smollm2_tokenizer, smollm2_tokenizer.decode(list(req.ids)))
+    question = drafter.text[slice(*drafter.char_span(req.projection_question))]
+    assert question.strip() == QUESTION
+    assert req.semantic_texts == () and req.likelihood_passages == ()  # only what was asked
+    assert len(req.projection_passages) > 20
+    assert all(p.end <= req.projection_question.begin for p in req.projection_passages)
+    assert EVIDENCE in out.served_text
+
+
+@pytest.mark.parametrize(("projection", "message"), [(None, "none returned"), ("short", "(")])
+def test_a_missing_or_short_projection_reply_fails_closed(smollm2_tokenizer, projection, message):
+    cfg = build_config(
+        {**CFG, "select_semantic_weight": 0.0, "select_projection_weight": 0.5}, env={}
+    )
+    scorer = _decoy_and_projection(_content()[:3000], projection=projection)
+    with pytest.raises(CompressionFailed, match=re.escape(message)) as err:
+        _compress(smollm2_tokenizer, cfg, scorer)
+    assert err.value.stage == "drafter" and "projection" in err.value.message
+
+
+def test_three_evidence_weights_may_not_exceed_one_together():
+    from pflash.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="select_projection_weight"):
+        build_config({"select_semantic_weight": 0.6, "select_projection_weight": 0.5}, env={})
+    build_config({"select_semantic_weight": 0.5, "select_projection_weight": 0.5}, env={})
 
 
 def _many_near_misses(decoy: str):

@@ -102,6 +102,7 @@ from pflash.models.drafter.window import (
 )
 from pflash.models.embedder import SentenceEmbedder, load_embedder
 from pflash.models.loading import LoadedModel, load_causal_lm, resolve_device
+from pflash.models.projection import TapProjection, projection_for
 from pflash.spans import Span
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,9 @@ class DrafterScorer:
         self._embedder: SentenceEmbedder | None = None
         if getattr(config, "select_semantic_weight", 0.0) > 0:
             self.embedder()  # a missing embedder fails at startup, not on the first request
+        self._projection: TapProjection | None = None
+        if getattr(config, "select_projection_weight", 0.0) > 0:
+            self.tap_projection()  # a missing or mismatched file fails at startup
         self._chunk = (0, 0)  # token range of the chunk in flight, read by the legacy hooks
         log.info(
             "drafter %s: profile %s, head layer %d of %d, tap %s%s",
@@ -307,6 +311,9 @@ class DrafterScorer:
             raise
 
     def _score(self, req: ScoreRequest, *, use_session: bool) -> ScoreResult:
+        asked_tap = req.want_tap
+        if req.projection_passages:  # the projection reads the tap of this same pass
+            req = replace(req, want_tap=True)
         with torch.inference_mode():
             if req.scorer == "head":
                 result = self._score_head(req, use_session=use_session)
@@ -314,7 +321,27 @@ class DrafterScorer:
                 result = self._score_legacy(req, with_head=req.scorer == "split")
             if req.likelihood_passages:
                 result = self._with_likelihood(req, result)
+            if req.projection_passages:
+                result = self._with_projection(req, result)
+                result = result if asked_tap else replace(result, tap=None)
             return self._with_semantic(req, result) if req.semantic_texts else result
+
+    def _with_projection(self, req: ScoreRequest, result: ScoreResult) -> ScoreResult:
+        """`result` with each asked passage's tap-projection cosine to the question."""
+        t0 = time.perf_counter()
+        try:
+            sims = self.tap_projection().similarity(
+                result.tap, req.projection_question, req.projection_passages
+            )
+        except ValueError as exc:
+            raise CompressionFailed("drafter", f"projection: {exc}") from exc
+        if not np.all(np.isfinite(sims)):
+            raise NonFiniteScores("projection: non-finite similarities")
+        ms = (time.perf_counter() - t0) * 1000
+        result.extras["projection_ms"] = round(ms, 1)
+        result.extras["projection_passages"] = len(req.projection_passages)
+        sims = np.asarray(sims, dtype=np.float32)
+        return replace(result, projection=sims, scorer_forward_ms=result.scorer_forward_ms + ms)
 
     def _with_semantic(self, req: ScoreRequest, result: ScoreResult) -> ScoreResult:
         """`result` with each asked text's cosine to each question under the sentence
@@ -327,6 +354,13 @@ class DrafterScorer:
         result.extras["semantic_ms"] = round(ms, 1)
         result.extras["semantic_passages"] = len(req.semantic_texts)
         return replace(result, semantic=sims, scorer_forward_ms=result.scorer_forward_ms + ms)
+
+    def tap_projection(self) -> TapProjection:
+        """The tap projection for projection evidence (`projection_gguf`, loaded on first
+        use and kept); a missing or mismatched file is ModelUnavailable."""
+        if self._projection is None:
+            self._projection = projection_for(self.config, self)
+        return self._projection
 
     def embedder(self) -> SentenceEmbedder:
         """The sentence embedder for semantic evidence; a missing one is ModelUnavailable."""
@@ -682,8 +716,11 @@ def _validate(req: ScoreRequest) -> None:
             raise CompressionFailed(
                 "drafter", f"likelihood needs a question of 2+ tokens inside the prompt: {lq}"
             )
-    for p in req.likelihood_passages:
+    pq = req.projection_question
+    if req.projection_passages and (pq is None or pq.empty or pq.begin < 0 or pq.end > s):
+        raise CompressionFailed("drafter", f"projection needs a question inside the prompt: {pq}")
+    for p in (*req.likelihood_passages, *req.projection_passages):
         if p.empty or p.begin < 0 or p.end > s:
             raise CompressionFailed(
-                "drafter", f"likelihood passage out of range: {p.as_list()} over {s} tokens"
+                "drafter", f"evidence passage out of range: {p.as_list()} over {s} tokens"
             )
