@@ -30,15 +30,30 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository (serve_config.yaml,
 BIN = Path(sys.executable).parent
 
 
+def free_ports(n: int, avoid: range = range(10002, 20000)) -> list[int]:
+    """`n` distinct free TCP ports outside Ray's worker port range. Every socket stays
+    bound until all are chosen: ports picked one at a time could repeat (`ray start` then
+    refused a dashboard port equal to the GCS port, and a whole test module errored)."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(100 * n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            if s.getsockname()[1] in avoid:
+                s.close()
+                continue
+            held.append(s)
+            if len(held) == n:
+                return [h.getsockname()[1] for h in held]
+        raise RuntimeError("no free port")
+    finally:
+        for s in held:
+            s.close()
+
+
 def free_port(avoid: range = range(10002, 20000)) -> int:
     """A free TCP port outside Ray's worker port range."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in avoid:
-            return port
-    raise RuntimeError("no free port")
+    return free_ports(1, avoid)[0]
 
 
 # ------------------------------------------------------------------ process bookkeeping
@@ -131,7 +146,7 @@ class ServeCluster:
         self.nodes: dict[str, tuple[subprocess.Popen, set[int]]] = {}
         self.workdir = Path(workdir)
         names = ("gcs", "metrics", "agent", "grpc", "env", "dash")
-        self.ports = {name: free_port() for name in names}
+        self.ports = dict(zip(names, free_ports(len(names)), strict=True))
         self.metrics_port = self.ports["metrics"]
         self.env = {
             **os.environ,
@@ -240,7 +255,8 @@ class ServeCluster:
         """Join a second Ray node on this machine (its own raylet, ports and resources), as
         a worker machine would join the head; a deployment that asks for one of
         `resources` is placed on it."""
-        ports = {k: free_port() for k in ("nm", "om", "metrics", "agent", "grpc", "env")}
+        kinds = ("nm", "om", "metrics", "agent", "grpc", "env")
+        ports = dict(zip(kinds, free_ports(len(kinds)), strict=True))
         proc = self._spawn(
             [
                 str(BIN / "ray"),

@@ -29,7 +29,7 @@ import httpx
 import pytest
 import yaml
 
-from pflash.bench.launch import alive, descendants, free_port, group_members, stop_group
+from pflash.bench.launch import alive, descendants, free_ports, group_members, stop_group
 
 pytestmark = pytest.mark.integration
 
@@ -98,7 +98,7 @@ def stack():
     deadline = time.monotonic() + BUDGET_S
     work = Path(tempfile.mkdtemp(prefix="pfp", dir="/tmp"))  # short: Ray socket paths
     names = ("gcs", "metrics", "serve", "prom", "agent", "grpc", "env", "dash")
-    ports = {name: free_port() for name in names}
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
     env = {
         **os.environ,
         "RAY_AUTH_MODE": "disabled",
