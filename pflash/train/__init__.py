@@ -1,2 +1,3 @@
 """Training of what ships in pflash/data: the scoring head, the segment probe, the drafter
-calibration, and their corpora (`pflash head train`, `pflash probe train`, `pflash calibrate`)."""
+calibration, the tap projection, and their corpora (`pflash head train`, `pflash probe train`,
+`pflash calibrate`, `pflash projection train`)."""

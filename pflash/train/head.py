@@ -48,6 +48,7 @@ from pflash.train.head_corpus import (
     HeadExample,
     examples,
 )
+from pflash.train.options import options_from_args
 
 EMBEDDED = "embedded:smollm2-135m"
 
@@ -579,18 +580,7 @@ def _line(name: str, m: dict) -> str:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    opts = TrainOptions(
-        drafter=args.drafter,
-        layer=args.layer,
-        seed=args.seed,
-        families=tuple(args.families),
-        train_prompts=args.train_prompts,
-        val_prompts=args.val_prompts,
-        val_train_text_prompts=args.val_train_text_prompts,
-        epochs=args.epochs,
-        lr=args.lr,
-        threads=args.threads,
-    )
+    opts = options_from_args(TrainOptions, args)
     report = train_to_file(opts, Path(args.out))
     if args.json:
         print(json.dumps(report, indent=1))

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from pflash.compress.segments import ProbeParams, probe_cuts
+from pflash.train.options import options_from_args
 from pflash.train.probe_corpus import LabelledText, documents
 
 log = logging.getLogger(__name__)
@@ -492,18 +493,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    opts = TrainOptions(
-        drafter=args.drafter,
-        layer=args.layer,
-        seed=args.seed,
-        train_docs=args.train_docs,
-        val_docs=args.val_docs,
-        epochs=args.epochs,
-        width=args.width,
-        max_segment=args.max_segment,
-        target_precision=args.target_precision,
-        threads=args.threads,
-    )
+    opts = options_from_args(TrainOptions, args)
     report = train_to_file(opts, Path(args.out), Path(args.cache) if args.cache else None)
     if args.json:
         print(json.dumps(report, indent=1))

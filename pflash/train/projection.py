@@ -51,6 +51,7 @@ from pflash.train.head import (
     validation_examples,
 )
 from pflash.train.head_corpus import HEAD_FAMILIES, HeadExample, examples
+from pflash.train.options import options_from_args
 
 DEFAULT_FAMILIES = (
     "paraphrase_pairs",
@@ -552,22 +553,7 @@ def _line(m: dict) -> str:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    opts = TrainOptions(
-        drafter=args.drafter,
-        layer=args.layer,
-        seed=args.seed,
-        families=tuple(args.families),
-        train_prompts=args.train_prompts,
-        val_prompts=args.val_prompts,
-        val_train_text_prompts=args.val_train_text_prompts,
-        epochs=args.epochs,
-        lr=args.lr,
-        batch_prompts=args.batch_prompts,
-        dim=args.dim,
-        temperature=args.temperature,
-        passage_tokens=args.passage_tokens,
-        threads=args.threads,
-    )
+    opts = options_from_args(TrainOptions, args)
     report = train_to_file(opts, Path(args.out))
     if args.json:
         print(json.dumps(report, indent=1))
@@ -576,7 +562,7 @@ def run_train(args: argparse.Namespace) -> int:
         f"wrote {report['out']} ({report['bytes']} bytes, {report['schema']}, "
         f"{report['feature_tap']}, dim {report['dim']}) and {report['out']}.json"
     )
-    if args.layer is not None:
+    if report["layer"] != TrainOptions.layer:
         print(f"serving needs drafter_head_layer: {report['layer']}")
     print(f"best epoch {report['best_epoch']}")
     for h in report["history"]:
