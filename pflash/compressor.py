@@ -562,6 +562,8 @@ class ScoreOnce:
             request.likelihood_question,
             request.semantic_texts,
             request.semantic_questions,
+            request.projection_passages,
+            request.projection_question,
         )
         self.hit = (
             key == self._key and self._result is not None and (self._tapped or not request.want_tap)

@@ -205,7 +205,7 @@ class AblationEngine:
                     probe=self.probes[key],
                 )
             except CompressionFailed as exc:
-                out[v.name] = Served(v.name, cfg.keep_ratio, f"[failed: {exc}]", (), 0, 0, 0.0)
+                out[v.name] = Served(v.name, cfg.keep_ratio, "", (), 0, 0, 0.0, error=str(exc))
                 continue
             ms = (time.perf_counter() - t0) * 1000 + (once.last_ms if once.hit else 0.0)
             if not result.compressed:
@@ -225,14 +225,13 @@ def run_case(case: BenchCase, engine: AblationEngine, llmlingua=None) -> list[Tu
         messages = case.messages(turn, gold_replies(case, turn))
         prompt_tokens = len(engine.encode(messages))
         served = list(engine.serve(messages).values())
-        failed = None
         if llmlingua is not None:
             keep = next(iter(engine.configs.values())).keep_ratio
             try:
                 b = llmlingua(case.document, case.turns[turn].question, keep)
             except Exception as exc:  # a baseline crash is recorded, not fatal to the run
                 failed = f"{type(exc).__name__}: {exc}"[:200]
-                served.append(Served("llmlingua", keep, "", None, 0, 0, 0.0))
+                served.append(Served("llmlingua", keep, "", None, 0, 0, 0.0, error=failed))
             else:
                 msgs = case.messages(turn, gold_replies(case, turn), document=b.document)
                 text = engine.target_tokenizer.decode(engine.encode(msgs))
@@ -243,8 +242,8 @@ def run_case(case: BenchCase, engine: AblationEngine, llmlingua=None) -> list[Tu
             row = score_turn(
                 case, turn, s, no_reply, engine="ablation", prompt_tokens=prompt_tokens
             )
-            if failed and s.method == "llmlingua":
-                row = dataclasses.replace(row, error=failed)
+            if s.error:
+                row = dataclasses.replace(row, error=s.error)
             out.append(row)
     return out
 
@@ -271,6 +270,8 @@ def retention_table(rows: Sequence[TurnResult], order: Sequence[str]) -> str:
         if r.family not in families:
             families.append(r.family)
     methods = [m for m in order if any(r.method == m for r in rows)]
+    if not methods:
+        return _failed_line(failed)
 
     def pct(rs: list[TurnResult]) -> str:
         total = sum(r.evidence_total for r in rs)
@@ -301,11 +302,12 @@ def retention_table(rows: Sequence[TurnResult], order: Sequence[str]) -> str:
         + " |"
     )
     if failed:
-        lines.append("")
-        lines.append(
-            "Failed turns (not scored): " + ", ".join(f"{m} {n}" for m, n in sorted(failed.items()))
-        )
+        lines += ["", _failed_line(failed)]
     return "\n".join(lines)
+
+
+def _failed_line(failed: Counter) -> str:
+    return "Failed turns (not scored): " + ", ".join(f"{m} {n}" for m, n in sorted(failed.items()))
 
 
 def _pooled(rows: Sequence[TurnResult]) -> float | None:

@@ -85,6 +85,7 @@ class Served:
     served_tokens: int
     kept_tokens: int
     compress_ms: float
+    error: str = ""  # why the method served nothing (its row is an error, not a 0% turn)
 
     @classmethod
     def compressed(cls, method: str, keep_ratio: float, result, compress_ms: float) -> Served:

@@ -79,6 +79,41 @@ def test_a_crashed_baseline_turn_is_reported_and_not_scored():
     assert "Failed turns (not scored): llmlingua 1" in table
 
 
+@pytest.mark.model
+def test_variants_sharing_a_pass_each_get_the_evidence_they_ask_for(smollm2_tokenizer):
+    """The embedder alone, then the embedder with the tap projection, on one drafter pass:
+    the second asks the pass for projection scores the first did not (a reused pass without
+    them failed every mix turn, recorded as 0% and no error)."""
+    base = {**serve_args(), "keep_ratio": 0.1, "curve": ()}
+    semantic = variant("semantic", select_semantic_weight=1.0, select_projection_weight=0.0)
+    mix = variant("mix", select_semantic_weight=0.5, select_projection_weight=0.5)
+    assert semantic.drafter_key(base) == mix.drafter_key(base)
+    engine = AblationEngine(base, [semantic, mix], threads=1)
+    case = generate(CaseSpec("paraphrased_needle", 5, 1024, 0.5), token_counter(smollm2_tokenizer))
+    rows = {r.method: r for r in run_case(case, engine)}
+    for name in ("semantic", "mix"):
+        assert rows[name].error == "" and rows[name].served_tokens > 0, rows[name]
+        assert rows[name].served_tokens < 0.5 * rows[name].prompt_tokens
+
+
+def test_a_variant_that_fails_to_compress_is_an_error_row_not_a_zero():
+    from pflash.bench.runner import Served
+
+    class FailingEngine:
+        configs = {"broken": None}
+
+        def encode(self, messages):
+            return (1, 2, 3)
+
+        def serve(self, messages):
+            return {"broken": Served("broken", 0.1, "", (), 0, 0, 0.0, error="drafter: no tap")}
+
+    case = generate(CaseSpec("single_needle", 7, 512, 0.5), lambda text: len(text.split()))
+    (row,) = run_case(case, FailingEngine())
+    assert row.error == "drafter: no tap"
+    assert "Failed turns (not scored): broken 1" in retention_table([row], ["broken"])
+
+
 # --------------------------------------------------------------------------- control
 
 
