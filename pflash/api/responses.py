@@ -45,7 +45,8 @@ class PFlashStats(BaseModel):
     (`select_lexical`); `likelihood_passages` / `likelihood_ms` the passages the drafter
     scored by question likelihood and that pass's time, part of `scorer_forward_ms`
     (`select_likelihood_weight`); `semantic_passages` / `semantic_ms` the same for the
-    sentence embedder (`select_semantic_weight`). Unknown keys are an error, so the pipeline's
+    sentence embedder (`select_semantic_weight`); `projection_passages` / `projection_ms` the
+    same for the tap projection (`select_projection_weight`). Unknown keys are an error, so the pipeline's
     stats and this contract cannot drift apart silently.
     """
 
@@ -71,6 +72,8 @@ class PFlashStats(BaseModel):
     likelihood_ms: float = 0.0
     semantic_passages: int = 0
     semantic_ms: float = 0.0
+    projection_passages: int = 0
+    projection_ms: float = 0.0
     view: ViewStats = Field(default_factory=ViewStats)
 
     @field_validator("compress_ms")

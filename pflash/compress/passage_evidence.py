@@ -424,7 +424,14 @@ def lift_code_headers(
 
 def evidence_stats(scores: ScoreResult) -> dict[str, Any]:
     """`usage.timings.pflash` fields of the passage signals the drafter computed."""
-    keys = ("likelihood_passages", "likelihood_ms", "semantic_passages", "semantic_ms")
+    keys = (
+        "likelihood_passages",
+        "likelihood_ms",
+        "semantic_passages",
+        "semantic_ms",
+        "projection_passages",
+        "projection_ms",
+    )
     return {k: scores.extras[k] for k in keys if k in scores.extras}
 
 

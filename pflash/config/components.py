@@ -22,6 +22,8 @@ EMBEDDED_SMOLLM2 = "embedded:smollm2-135m"
 EMBEDDED_HEAD_LAYER = 8
 MIN_API_KEY_CHARS = 8
 EMBEDDED_SHIPPED_LAYERS = (None, 8, 17)
+# The layers a tap projection ships for (pflash/data; trained on the layer-8 tap).
+EMBEDDED_PROJECTION_LAYERS = (8,)
 # The drafter's own layer at its profile default, no trained head or probe: what training and
 # the layer/calibration measurements score with, whatever the product defaults are.
 UNTUNED_SCORING = {
@@ -166,11 +168,9 @@ class SelectionConfig(Component):
         le=2048,
         description="Likelihood evidence: longest passage in drafter tokens (cut at sentence and line starts).",
     )
-    select_semantic_weight: float = Field(
-        1.0,
-        ge=0,
-        le=1,
-        description="Semantic evidence: a sentence embedder (semantic_embedder) scores each passage before the question by its cosine to the question (each part of a multi-part question); mixed with attention like select_likelihood_weight (the two weights sum to at most 1). Lexical evidence is still kept first. 1 (the default, by BENCHMARKS.md) = the embedder ranks what lexical evidence leaves; 0 = off (attention alone, no embedder loaded).",
+    select_semantic_weight: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field(
+        "auto",
+        description="Semantic evidence: a sentence embedder (semantic_embedder) scores each passage before the question by its cosine to the question (each part of a multi-part question); mixed with attention like select_likelihood_weight (the weights sum to at most 1). Lexical evidence is still kept first. auto (the default) = what select_likelihood_weight and select_projection_weight leave of 1, shared half and half with the tap projection where it applies (BENCHMARKS.md); 0 = off (no embedder loaded).",
     )
     semantic_passage_tokens: int = Field(
         24,
@@ -178,19 +178,17 @@ class SelectionConfig(Component):
         le=256,
         description="Semantic evidence: longest passage in drafter tokens (cut at sentence and line starts; about one sentence).",
     )
-    select_projection_weight: float = Field(
-        0.0,
-        ge=0,
-        le=1,
-        description="Tap-projection evidence: the learned projection of the drafter's tap (projection_gguf) scores each semantic passage by the cosine of its pooled rows to the question's; mixed like select_semantic_weight (the three weights sum to at most 1). Reuses the drafter pass: no second model. 0 (the default) = off; measured side by side in BENCHMARKS.md.",
+    select_projection_weight: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field(
+        "auto",
+        description="Tap-projection evidence: the learned projection of the drafter's tap (projection_gguf) scores each semantic passage by the cosine of its pooled rows to the question's; mixed like select_semantic_weight (the weights sum to at most 1). Reuses the drafter pass: no second model. auto (the default) = half of what select_likelihood_weight leaves where a shipped projection fits the drafter and its scoring layer (embedded:smollm2-135m at layer 8, strict selection) and select_semantic_weight is auto, else 0; 0 = off.",
     )
     select_entity_feedback: bool = Field(
         True,
-        description="With likelihood or semantic evidence, lift to just below the best passage every passage naming the entity whose passages score best together (a name: a capitalised word never written in lower case, in 3+ passages): a question about one entity that does not name it finds the entity's other facts. On by default (BENCHMARKS.md: 97% of the bench families' evidence with passage cuts, against 78% without); false = every passage keeps its own score.",
+        description="With passage evidence (likelihood, semantic or projection), lift to just below the best passage every passage naming the entity whose passages score best together (a name: a capitalised word never written in lower case, in 3+ passages): a question about one entity that does not name it finds the entity's other facts. On by default (BENCHMARKS.md: 97% of the bench families' evidence with passage cuts, against 78% without); false = every passage keeps its own score.",
     )
     select_passage_cuts: bool = Field(
         True,
-        description="With likelihood or semantic evidence, cut the candidates at the evidence's passage bounds and rank them by density, so a passage is chosen by its own score and not by the chunk or segment it shares with other passages; the parts of a sentence longer than a passage score its best part. On by default (with entity feedback, BENCHMARKS.md); false = candidates stay the chunks or segments, ranked by select_score.",
+        description="With passage evidence (likelihood, semantic or projection), cut the candidates at the evidence's passage bounds and rank them by density, so a passage is chosen by its own score and not by the chunk or segment it shares with other passages; the parts of a sentence longer than a passage score its best part. On by default (with entity feedback, BENCHMARKS.md); false = candidates stay the chunks or segments, ranked by select_score.",
     )
     select_paragraph_join: bool = Field(
         True, description="Insert paragraph breaks between non-adjacent kept runs."
@@ -426,8 +424,8 @@ class ScoringConfig(Component):
     )
 
     projection_gguf: str | None = Field(
-        "embedded",
-        description="Tap projection GGUF for select_projection_weight, bound to the drafter file by sha256; `embedded` = the projection shipped for embedded:smollm2-135m (pflash projection train reproduces it); any other value is a path. Read only when select_projection_weight > 0.",
+        "auto",
+        description="Tap projection GGUF for select_projection_weight, bound to the drafter file by sha256; `embedded` = the projection shipped for embedded:smollm2-135m at layer 8 (pflash projection train reproduces it); auto = `embedded` for that drafter, else none; any other value is a path. Read only when select_projection_weight > 0.",
     )
 
     # --- look-ahead queries (issue 10)

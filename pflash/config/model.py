@@ -29,6 +29,7 @@ from pydantic.fields import FieldInfo
 
 from pflash.config.components import (
     EMBEDDED_HEAD_LAYER,
+    EMBEDDED_PROJECTION_LAYERS,
     EMBEDDED_SHIPPED_LAYERS,
     EMBEDDED_SMOLLM2,
     Component,
@@ -47,6 +48,30 @@ from pflash.errors import ConfigError
 ENV_PREFIX = "PFLASH_"
 
 P = TypeVar("P", bound=BaseModel)
+
+
+def evidence_weights(
+    likelihood: float,
+    semantic: float | str,
+    projection: float | str,
+    *,
+    projection_fits: bool,
+) -> dict[str, float]:
+    """The passage-evidence weights with `auto` resolved. What likelihood evidence leaves of
+    1 goes to the sentence embedder, shared half and half with the tap projection where a
+    shipped projection fits the drafter's scoring layer: together they found more evidence
+    than either alone on fresh seeds (BENCHMARKS.md, issue 18). A weight the operator set
+    stays as set; an explicit semantic weight keeps an `auto` projection off, so a config
+    written before the projection existed means what it meant."""
+    rest = max(0.0, 1.0 - likelihood)
+    if projection == "auto":
+        projection = rest / 2 if projection_fits and semantic == "auto" else 0.0
+    if semantic == "auto":
+        semantic = max(0.0, rest - projection)
+    return {
+        "select_semantic_weight": round(float(semantic), 6),
+        "select_projection_weight": round(float(projection), 6),
+    }
 
 
 class PFlashConfig(ComponentSet):
@@ -69,16 +94,10 @@ class PFlashConfig(ComponentSet):
     @model_validator(mode="after")
     def _resolve_auto(self) -> PFlashConfig:
         """`auto` scoring settings become concrete here, so every reader sees one value: the
-        embedded drafter's measured layer, head and probe (the product default), none for
-        any other drafter or where they cannot apply (legacy selection, a non-head scorer)."""
-        s = self.scoring
-        auto = {
-            k: v
-            for k in ("drafter_head_layer", "scoring_head_gguf", "segment_probe_gguf")
-            if (v := getattr(s, k)) == "auto"
-        }
-        if not auto:
-            return self
+        embedded drafter's measured layer, head, probe and tap projection (the product
+        default), none for any other drafter or where they cannot apply (legacy selection, a
+        non-head scorer, a layer nothing ships for)."""
+        s, sel = self.scoring, self.selection
         # a calibration picks the layer and weighs the base layer's heads: no trained head
         embedded = self.drafter == EMBEDDED_SMOLLM2 and self.strict and not self.drafter_calibration
         layer = s.drafter_head_layer
@@ -89,9 +108,20 @@ class PFlashConfig(ComponentSet):
             "drafter_head_layer": layer,
             "scoring_head_gguf": "embedded" if shipped and self.select_scorer == "head" else None,
             "segment_probe_gguf": "embedded" if shipped else None,
+            "projection_gguf": "embedded" if self.drafter == EMBEDDED_SMOLLM2 else None,
         }
-        for key in auto:  # once, while the object is being built (components are frozen after)
-            object.__setattr__(s, key, resolved[key])
+        projection = "embedded" if s.projection_gguf == "auto" else s.projection_gguf
+        fits = embedded and layer in EMBEDDED_PROJECTION_LAYERS and projection == "embedded"
+        resolved |= evidence_weights(
+            sel.select_likelihood_weight,
+            sel.select_semantic_weight,
+            sel.select_projection_weight,
+            projection_fits=fits,
+        )
+        for component in (s, sel):  # once, while the object is being built (frozen after)
+            for key in type(component).model_fields:
+                if getattr(component, key) == "auto" and key in resolved:
+                    object.__setattr__(component, key, resolved[key])
         return self
 
     @model_validator(mode="after")
@@ -127,9 +157,17 @@ class PFlashConfig(ComponentSet):
             + self.select_semantic_weight
             + self.select_projection_weight
         )
-        if evidence > 1:
+        if evidence > 1 + 1e-6:
             raise ValueError(
-                "select_semantic_weight: select_likelihood_weight + select_semantic_weight + select_projection_weight must not exceed 1 (select_semantic_weight is 1.0 by default: lower it to make room)"
+                "select_semantic_weight: select_likelihood_weight + select_semantic_weight + select_projection_weight must not exceed 1 (leave select_semantic_weight auto to give it what the others leave)"
+            )
+        if self.select_projection_weight > 0 and not self.projection_gguf:
+            raise ValueError(
+                "projection_gguf: select_projection_weight needs a tap projection for this drafter (a file from pflash projection train)"
+            )
+        if self.projection_gguf == "embedded" and self.drafter != EMBEDDED_SMOLLM2:
+            raise ValueError(
+                f"projection_gguf: 'embedded' is the projection for {EMBEDDED_SMOLLM2}; give a projection GGUF trained for this drafter (pflash projection train)"
             )
         if self.adaptive_min > self.adaptive_max:
             raise ValueError("adaptive_min: must not exceed adaptive_max")
@@ -270,6 +308,10 @@ def _format_error(err: ValidationError, data: Mapping[str, Any]) -> ConfigError:
         return ConfigError(".".join(loc), first.get("input"), _unknown_key(loc))
     if loc[0] in COMPONENTS and len(loc) > 1:  # a component's field: named flat, as written
         loc = loc[1:]
+    # a union's branch (`drafter_head_layer.constrained-int`): the field is what was written
+    branch = len(loc) > 1 and loc[0] in FIELDS and not loc[1].isdigit()
+    if branch:
+        loc = loc[:1]
     key = ".".join(loc)
     if key not in FIELDS:  # an element (`api_keys.0`) or a component that is not a mapping
         return ConfigError(key, first.get("input"), allowed)
@@ -279,7 +321,8 @@ def _format_error(err: ValidationError, data: Mapping[str, Any]) -> ConfigError:
     nested = [get_args(a) for a in args if get_origin(a) is Literal]
     if literals or nested:
         choices = literals or [c for n in nested for c in n]
-        allowed = f"one of {', '.join(choices)}"
+        allowed = f"{allowed}, or one of " if branch else "one of "
+        allowed += ", ".join(choices)
     elif field.description:
         allowed = f"{allowed} ({field.description})"
     return ConfigError(key, _given(data, key), allowed)

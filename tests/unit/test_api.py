@@ -515,6 +515,8 @@ def test_usage_serialises_exactly_the_contract_keys():
         "likelihood_ms",
         "semantic_passages",
         "semantic_ms",
+        "projection_passages",
+        "projection_ms",
         "view",
     }
     assert set(usage["timings"]["pflash"]["view"]) == {
@@ -570,6 +572,8 @@ def test_uncompressed_request_reports_default_stats():
         "likelihood_ms": 0.0,
         "semantic_passages": 0,
         "semantic_ms": 0.0,
+        "projection_passages": 0,
+        "projection_ms": 0.0,
         "view": {
             "mode": "off",
             "turn": 0,

@@ -184,9 +184,9 @@ LAYOUT = {
         "select_position_prior": "distance",
         "select_likelihood_weight": 0.0,
         "likelihood_passage_tokens": 96,
-        "select_semantic_weight": 1.0,
+        "select_semantic_weight": 0.5,  # auto: the embedder and the tap projection, half each
         "semantic_passage_tokens": 24,
-        "select_projection_weight": 0.0,
+        "select_projection_weight": 0.5,
         "select_entity_feedback": True,
         "select_passage_cuts": True,
         "select_paragraph_join": True,
@@ -440,6 +440,14 @@ BEFORE_DEFAULTS = {
 }
 
 
+# a drafter no projection ships for: the embedder alone, as before the projection (issue 18)
+NO_SHIPPED_PROJECTION = {
+    "select_semantic_weight": 1.0,
+    "select_projection_weight": 0.0,
+    "projection_gguf": None,
+}
+
+
 def shipped_args(path: Path) -> dict:
     doc = yaml.safe_load(path.read_text())
     if doc.get("kind") == "RayService":
@@ -467,6 +475,7 @@ def shipped_args(path: Path) -> dict:
                 "threshold": 16384,
                 "curve": [[16000, 0.2], [64000, 0.1], [128000, 0.05]],
                 "drafter": "/models/qwen3-0.6b/Qwen3-0.6B-Q8_0.gguf",
+                **NO_SHIPPED_PROJECTION,
                 "target": "/models/qwen3-32b",
                 "target_backend": "openai",
                 "upstream_base_url": "http://127.0.0.1:8001/v1",
@@ -482,6 +491,7 @@ def shipped_args(path: Path) -> dict:
                 "threshold": 8192,
                 "keep_ratio": 0.1,
                 "drafter": "/models/qwen3-0.6b/Qwen3-0.6B-Q8_0.gguf",
+                **NO_SHIPPED_PROJECTION,
                 "target": "/models/qwen3-8b",
             },
         ),
@@ -539,6 +549,9 @@ def test_flat_dump_round_trips():
         "drafter_head_layer": 8,
         "scoring_head_gguf": "embedded",
         "segment_probe_gguf": "embedded",
+        "projection_gguf": "embedded",
+        "select_semantic_weight": 0.5,
+        "select_projection_weight": 0.5,
     }
     assert build_config(small, env={}) == cfg
     rebuilt = build_config({**cfg.model_dump(), "select_topk": 5}, env={})
@@ -627,6 +640,9 @@ def test_a_part_is_rebuilt_from_its_keys_and_a_live_update_of_any_knob():
         "select_chunk_size": 32,
         "scoring_head_gguf": "embedded",  # auto, resolved for the embedded drafter
         "segment_probe_gguf": "embedded",
+        "projection_gguf": "embedded",
+        "select_semantic_weight": 1.0,  # no projection ships for layer 17: the embedder alone
+        "select_projection_weight": 0.0,
     }
     assert build_part(DrafterScorerPart, args, env={}) == cfg.part(DrafterScorerPart)
     live = build_part(DrafterScorerPart, {**args, "keep_ratio": 0.3, "select_top_p": 0.5}, env={})
@@ -670,8 +686,10 @@ def test_build_app_gives_each_deployment_only_its_part(monkeypatch):
         "drafter_head_layer": 8,
         "scoring_head_gguf": "embedded",
         "segment_probe_gguf": "embedded",
+        "projection_gguf": "embedded",
     }
-    assert bound["DrafterScorerDeployment"] == (scoring,)
+    weights = {"select_semantic_weight": 0.5, "select_projection_weight": 0.5}  # selection's
+    assert bound["DrafterScorerDeployment"] == (scoring | weights,)
     assert bound["SegmentProbeDeployment"] == (scoring,)
     assert bound["TargetModelDeployment"] == ({"max_context": 4096, **scoring},)
     assert bound["SessionStore"] == ({"view_capacity": 8},)
@@ -690,3 +708,61 @@ def test_empty_or_short_api_keys_are_refused_at_load(keys):
     with pytest.raises(ConfigError) as err:
         build_config({"api_keys": keys}, env={})
     assert err.value.key == "api_keys" and "at least 8" in str(err.value)
+
+
+# ------------------------------------------------------------- evidence weights (issue 18)
+
+QWEN_DRAFTER = "/models/qwen3-0.6b/Qwen3-0.6B-Q8_0.gguf"
+
+
+@pytest.mark.parametrize(
+    ("data", "semantic", "projection"),
+    [
+        ({}, 0.5, 0.5),  # the embedded drafter at layer 8: the shipped projection fits
+        ({"drafter_head_layer": 17}, 1.0, 0.0),  # no projection ships for layer 17
+        ({"select_mode": "legacy"}, 1.0, 0.0),  # no layer-8 tap without strict selection
+        ({"drafter_calibration": "embedded"}, 1.0, 0.0),  # a calibration picks the layer
+        ({"drafter": QWEN_DRAFTER}, 1.0, 0.0),
+        ({"select_likelihood_weight": 0.4}, 0.3, 0.3),  # likelihood takes its share first
+        ({"select_semantic_weight": 1.0}, 1.0, 0.0),  # a set embedder weight keeps auto off
+        ({"select_semantic_weight": 0.0}, 0.0, 0.0),  # attention alone, as before
+        ({"select_projection_weight": 0.8}, 0.2, 0.8),  # the embedder gets the rest
+        ({"select_projection_weight": 1.0}, 0.0, 1.0),
+    ],
+)
+def test_auto_evidence_weights_mix_embedder_and_projection_only_where_one_ships(
+    data, semantic, projection
+):
+    cfg = build_config(data, env={})
+    assert (cfg.select_semantic_weight, cfg.select_projection_weight) == (semantic, projection)
+    assert cfg.projection_gguf == (None if "drafter" in data else "embedded")
+
+
+def test_auto_weights_are_written_out_resolved_and_rebuild_the_same_config():
+    cfg = build_config({"select_likelihood_weight": 0.3}, env={})
+    small = cfg.model_dump(mode="json", exclude_defaults=True)
+    assert (small["select_semantic_weight"], small["select_projection_weight"]) == (0.35, 0.35)
+    assert build_config(small, env={}) == cfg
+    from_env = build_config(env={"PFLASH_SELECT_PROJECTION_WEIGHT": "auto"})
+    assert from_env == build_config(env={})
+
+
+def test_projection_evidence_without_a_projection_for_the_drafter_fails_at_load():
+    with pytest.raises(ConfigError) as err:
+        build_config({"drafter": QWEN_DRAFTER, "select_projection_weight": 0.5}, env={})
+    assert err.value.key == "projection_gguf" and "pflash projection train" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        build_config({"drafter": QWEN_DRAFTER, "projection_gguf": "embedded"}, env={})
+    assert err.value.key == "projection_gguf" and "embedded:smollm2-135m" in str(err.value)
+    given = build_config(
+        {"drafter": QWEN_DRAFTER, "projection_gguf": "/p.gguf", "select_projection_weight": 0.5},
+        env={},
+    )
+    assert (given.select_semantic_weight, given.select_projection_weight) == (0.5, 0.5)
+
+
+def test_a_weight_that_is_neither_a_number_in_range_nor_auto_names_both():
+    with pytest.raises(ConfigError) as err:
+        build_config({"select_semantic_weight": 1.5}, env={})
+    assert err.value.key == "select_semantic_weight"
+    assert "less than or equal to 1" in str(err.value) and "auto" in str(err.value)

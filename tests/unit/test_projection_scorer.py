@@ -78,6 +78,8 @@ def test_the_projection_alone_keeps_the_fact_a_paraphrased_question_asks_for(
     )
     (req,) = asked
     assert len(req.projection_passages) > 40 and req.semantic_texts == ()
+    assert out.stats["projection_passages"] == len(req.projection_passages)
+    assert out.stats["projection_ms"] > 0 and "semantic_passages" not in out.stats
     assert fact in out.served_text
     assert len(out.served_ids) < 0.2 * len(ids)
 

@@ -1,7 +1,8 @@
 """Served prompts are byte-identical to the ones recorded through the Serve app on main
 before the compression flow was restructured (tests/fixtures/served_prompts/). The default
-variant was re-recorded on purpose when semantic evidence became the default (issue 18); the
-attention and legacy variants came out of that recording byte for byte as before.
+variant was re-recorded on purpose when semantic evidence became the default (issue 18) and
+again when the tap projection joined it (`auto` evidence weights); the attention and legacy
+variants came out of those recordings byte for byte as before.
 
 The requests go through exactly what the ingress runs, in process: `pflash.api` parsing,
 `render_request`, `compression_request`, `Compressor.run` with the real embedded drafter,
@@ -36,9 +37,8 @@ pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "served_prompts"
 sys.path.insert(0, str(FIXTURES))
-from golden_requests import VARIANTS, cases, conversations  # noqa: E402
+from golden_requests import TIMED, VARIANTS, cases, conversations  # noqa: E402
 
-TIMED = {"compress_ms", "plan_ms", "select_ms", "scorer_forward_ms", "likelihood_ms", "semantic_ms"}
 RECORDED = json.loads((FIXTURES / "served_prompts.json").read_text())
 
 
