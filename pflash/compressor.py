@@ -32,7 +32,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -544,27 +544,17 @@ class ScoreOnce:
 
     def __init__(self, scorer: Callable[[ScoreRequest], ScoreResult]):
         self.scorer = scorer
-        self._key: tuple | None = None
+        self._key: ScoreRequest | None = None
         self._result: ScoreResult | None = None
         self._tapped = False
         self.last_ms = 0.0
         self.hit = False
 
     def __call__(self, request: ScoreRequest) -> ScoreResult:
-        # the tap is extra output, not a different score: a pass with it serves one without
-        key = (
-            request.ids,
-            request.windows,
-            request.query,
-            request.suffix_candidates,
-            request.scorer,
-            request.likelihood_passages,
-            request.likelihood_question,
-            request.semantic_texts,
-            request.semantic_questions,
-            request.projection_passages,
-            request.projection_question,
-        )
+        # the tap is extra output, not a different score: a pass with it serves one without;
+        # every other field is in the key (a field left out once reused a pass that lacked
+        # the projection scores a later variant asked for)
+        key = replace(request, want_tap=False)
         self.hit = (
             key == self._key and self._result is not None and (self._tapped or not request.want_tap)
         )
