@@ -55,6 +55,10 @@ DRAFTER_KEYS = (
     "drafter_calibration",
     "scoring_head_gguf",
     "select_scorer",
+    # the scorer's own models: a variant with another embedder or projection needs its scorer
+    "semantic_embedder",
+    "semantic_embedder_dtype",
+    "projection_gguf",
 )
 
 

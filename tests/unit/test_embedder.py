@@ -18,7 +18,13 @@ from pflash.config import build_config
 from pflash.errors import ModelUnavailable
 from pflash.models import embedder as embedder_module
 from pflash.models.drafter.scorer import DrafterScorer
-from pflash.models.embedder import SentenceEmbedder, resolve_embedder
+from pflash.models.embedder import (
+    SentenceEmbedder,
+    cpu_flags,
+    embedder_dtype,
+    native_bf16,
+    resolve_embedder,
+)
 from pflash.models.gguf_io import tiny_decoder
 from pflash.models.loading import LoadedModel
 from pflash.models.source import ModelSource
@@ -30,7 +36,12 @@ SPEC = "embedded:all-minilm-l6-v2"
 @pytest.fixture(scope="module")
 def embedder():
     torch.set_num_threads(1)
-    return SentenceEmbedder(SPEC)
+    return SentenceEmbedder(SPEC)  # float32: the reference the bfloat16 embedder is held to
+
+
+@pytest.fixture(scope="module")
+def embedder_bf16():
+    return SentenceEmbedder(SPEC, torch.bfloat16)
 
 
 def license_sentences(n: int) -> list[str]:
@@ -53,6 +64,42 @@ def test_the_answering_sentence_is_the_closest_to_a_paraphrased_question(embedde
     distractors = license_sentences(60) + [f for f, _ in PARAPHRASED if f != fact]
     (sims,) = embedder.similarity([question], [*distractors, fact])
     assert int(np.argmax(sims)) == len(distractors), sorted(sims)[-3:]
+
+
+def test_bfloat16_weights_rank_passages_as_float32_does(embedder, embedder_bf16):
+    texts = license_sentences(60) + [f for f, _ in PARAPHRASED]
+    questions = [q for _, q in PARAPHRASED]
+    exact = embedder.similarity(questions, texts)
+    fast = embedder_bf16.similarity(questions, texts)
+    assert fast.dtype == np.float32 and fast.shape == exact.shape
+    assert np.abs(fast - exact).max() < 0.03  # bfloat16 keeps 8 bits of mantissa
+    for row_exact, row_fast in zip(exact, fast, strict=True):
+        assert int(np.argmax(row_fast)) == int(np.argmax(row_exact))
+        ranks = np.argsort(np.argsort(row_exact)), np.argsort(np.argsort(row_fast))
+        assert np.corrcoef(*ranks)[0, 1] > 0.98
+
+
+CPUINFO = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx2 {extra}\n"
+
+
+@pytest.mark.parametrize(
+    "extra, choice, expected",
+    [
+        ("avx512f avx512_bf16", "auto", torch.bfloat16),
+        ("amx_bf16 amx_tile", "auto", torch.bfloat16),
+        ("avx512f avx512bw", "auto", torch.float32),  # oneDNN would emulate: slower
+        ("", "auto", torch.float32),
+        ("avx512_bf16", "float32", torch.float32),  # what the operator sets is kept
+        ("", "bfloat16", torch.bfloat16),
+    ],
+)
+def test_auto_precision_is_bfloat16_only_where_the_cpu_has_it(extra, choice, expected):
+    native = native_bf16(cpu_flags(CPUINFO.format(extra=extra)))
+    assert embedder_dtype(choice, native=native) == expected
+
+
+def test_cpu_flags_of_a_text_without_flags_are_empty():
+    assert cpu_flags("processor\t: 0\n") == frozenset()
 
 
 def test_a_missing_package_says_how_to_install_it(monkeypatch):
@@ -84,7 +131,15 @@ def test_the_drafter_returns_similarities_and_fails_closed_without_a_question(em
     model = tiny_decoder("llama", layers=4)
     loaded = LoadedModel(model, ModelSource("tiny", Path(".")), None, 0.0, False, "llama")
     scorer = DrafterScorer(
-        build_config({"drafter_head_layer": 2, "drafter_chunk_tokens": 16}, env={}), loaded
+        build_config(
+            {
+                "drafter_head_layer": 2,
+                "drafter_chunk_tokens": 16,
+                "semantic_embedder_dtype": "float32",  # the fixture's precision
+            },
+            env={},
+        ),
+        loaded,
     )
     scorer._embedder = embedder  # the module's loaded embedder (the scorer loads it lazily)
     ids = tuple(range(5, 77))

@@ -145,11 +145,15 @@ def test_the_recording_covers_every_view_outcome_and_gate_path():
     assert {"mode_off", "droppable_below_threshold", "budget_reached", "legacy"} <= reasons
 
 
-def test_pflash_compress_serves_the_prompt_the_app_served(smollm2_tokenizer):
+def test_pflash_compress_serves_the_prompt_the_app_served(smollm2_tokenizer, monkeypatch):
     """One set of product defaults: `pflash compress FILE --keep-ratio 0.1` with no config
-    file serves, for the same chat, the prompt the app from serve_config.yaml served."""
+    file serves, for the same chat, the prompt the app from serve_config.yaml served (both
+    with the float32 embedder the goldens pin, set here as an operator would: by env)."""
     from pflash.cli.compress import CompressRequest, compress_config, compress_request
 
+    monkeypatch.setenv(
+        "PFLASH_SEMANTIC_EMBEDDER_DTYPE", VARIANTS["default"]["semantic_embedder_dtype"]
+    )
     (case,) = [c for c in cases() if c["name"] == "chat_always"]
     config = compress_config(None, keep_ratio=0.1)
     report = compress_request(CompressRequest(messages=case["body"]["messages"]), config)

@@ -100,7 +100,12 @@ from pflash.models.drafter.window import (
     stride_cuts,
     windowed_cache,
 )
-from pflash.models.embedder import SentenceEmbedder, load_embedder
+from pflash.models.embedder import (
+    SentenceEmbedder,
+    embedder_dtype,
+    load_embedder,
+    this_cpu_native_bf16,
+)
 from pflash.models.loading import LoadedModel, load_causal_lm, resolve_device
 from pflash.models.projection import TapProjection, projection_for
 from pflash.spans import Span
@@ -365,8 +370,10 @@ class DrafterScorer:
     def embedder(self) -> SentenceEmbedder:
         """The sentence embedder for semantic evidence; a missing one is ModelUnavailable."""
         spec = getattr(self.config, "semantic_embedder", "embedded:all-minilm-l6-v2")
-        if self._embedder is None or self._embedder.spec != spec:
-            self._embedder = load_embedder(spec)
+        choice = getattr(self.config, "semantic_embedder_dtype", "auto")
+        dtype = embedder_dtype(choice, native=this_cpu_native_bf16())
+        if self._embedder is None or (self._embedder.spec, self._embedder.dtype) != (spec, dtype):
+            self._embedder = load_embedder(spec, dtype)
         return self._embedder
 
     def _with_likelihood(self, req: ScoreRequest, result: ScoreResult) -> ScoreResult:
