@@ -56,6 +56,45 @@ def names(texts: Sequence[str], max_share: float = MAX_SHARE) -> dict[str, list[
     }
 
 
+def followed_passages(
+    texts: Sequence[str],
+    values: np.ndarray,
+    *,
+    near: float = NEAR,
+    max_share: float = MAX_SHARE,
+) -> list[list[int]]:
+    """The passages of each name followed for these per-passage scores: the best name (the
+    highest sum of its passages' scores among names whose passages average at least
+    `MIN_MEAN` of the best passage) and the names within `near` of it. Empty when no name
+    qualifies or nothing scores above 0."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(texts) != values.shape[0]:
+        raise ValueError(f"{values.shape[0]} scores for {len(texts)} passages")
+    top = float(values.max(initial=0.0))
+    found = names(texts, max_share)
+    if top <= 0.0 or not found:
+        return []
+    weight = {
+        name: float(values[passages].sum())
+        for name, passages in found.items()
+        if float(values[passages].mean()) >= MIN_MEAN * top
+    }
+    best = max(weight.values(), default=0.0)
+    return [
+        passages for name, passages in found.items() if weight.get(name, 0.0) >= near * best > 0.0
+    ]
+
+
+def lift_passages(values: np.ndarray, groups: Sequence[Sequence[int]], lift: float = LIFT):
+    """Per-passage scores (float64) where every passage of `groups` scores at least `lift`
+    times the best passage."""
+    out = np.asarray(values, dtype=np.float64).copy()
+    top = float(out.max(initial=0.0))
+    for passages in groups:
+        out[list(passages)] = np.maximum(out[list(passages)], lift * top)
+    return out
+
+
 def lift_named_entities(
     texts: Sequence[str],
     values: np.ndarray,
@@ -64,25 +103,8 @@ def lift_named_entities(
     near: float = NEAR,
     max_share: float = MAX_SHARE,
 ) -> np.ndarray:
-    """Per-passage scores (float64, same shape) where every passage naming the best name
-    (the highest sum of its passages' scores among names whose passages average at least
-    `MIN_MEAN` of the best passage, and names within `near` of it) scores at least `lift`
-    times the best passage. Unchanged when no name qualifies or nothing scores above 0."""
-    values = np.asarray(values, dtype=np.float64)
-    if len(texts) != values.shape[0]:
-        raise ValueError(f"{values.shape[0]} scores for {len(texts)} passages")
-    out = values.copy()
-    top = float(values.max(initial=0.0))
-    found = names(texts, max_share)
-    if top <= 0.0 or not found:
-        return out
-    weight = {
-        name: float(values[passages].sum())
-        for name, passages in found.items()
-        if float(values[passages].mean()) >= MIN_MEAN * top
-    }
-    best = max(weight.values(), default=0.0)
-    for name, passages in found.items():
-        if weight.get(name, 0.0) >= near * best > 0.0:
-            out[passages] = np.maximum(out[passages], lift * top)
-    return out
+    """Per-passage scores (float64, same shape) where every passage naming a followed name
+    (`followed_passages`) scores at least `lift` times the best passage. Unchanged when no
+    name qualifies or nothing scores above 0."""
+    groups = followed_passages(texts, values, near=near, max_share=max_share)
+    return lift_passages(values, groups, lift)

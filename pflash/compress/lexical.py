@@ -31,7 +31,8 @@ would need the others' private word tables.
    content words) that many units repeat - the log lines a counting question is about -
    is anchored in the lowest tier: after every key, before attention.
 5. Cascade (optional): starting from the anchors on a key (a query word or n-gram in at
-   most `rare_max_freq` units), rare words of anchored units (at most `rare_max_freq`
+   most `rare_max_freq` units; a single word only when it names something - digits, an
+   underscore, a capital inside it or not opening a sentence: `key_words`), rare words of anchored units (at most `rare_max_freq`
    occurrences in the context, not query words) anchor the other units holding them, one
    hop per round, each hop scoring `HOP_DECAY` of its parent; a round that would push the
    anchored tokens over `cap_tokens` is reverted and ends the cascade.
@@ -41,6 +42,7 @@ Pure: `re` and the standard library; nothing here knows about budgets beyond the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import Counter, defaultdict
@@ -97,6 +99,7 @@ QUESTION_OPENERS = frozenset(
 _WORD = re.compile(r"\w+")
 _LINE = re.compile(r"[^\n]+")
 _SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s)")
+_SENTENCE_BREAK = re.compile(r"[.!?:;\n]")
 
 
 # ----------------------------------------------------------------------------- words and units
@@ -139,6 +142,30 @@ def words(text: str, begin: int = 0, end: int | None = None) -> list[Word]:
 def _classify(raw: str) -> tuple[str, bool]:
     """(normalized form, is a stopword); cached: a prompt repeats its vocabulary."""
     return normalize(raw), raw.lower() in STOPWORDS
+
+
+def names_something(raw: str, *, opens_sentence: bool) -> bool:
+    """Whether a word as written names something (a key) rather than says something: it
+    holds a digit or an underscore, a capital after its first letter, or a capital where no
+    sentence opens ("Zeinka", "ABCDE", "12345", "get_data", but not "sites" or "When")."""
+    if "_" in raw or any(c.isdigit() for c in raw) or any(c.isupper() for c in raw[1:]):
+        return True
+    return raw[:1].isupper() and not opens_sentence
+
+
+def key_words(text: str, ranges: Iterable[tuple[int, int]]) -> set[str]:
+    """Normalized forms of the words of `text[b:e]` (each range) that name something
+    (`names_something`); a word opens a sentence at its range's start or after `.?!:;` or a
+    newline."""
+    out: set[str] = set()
+    for b, e in ranges:
+        prev = b
+        for i, w in enumerate(words(text, b, e)):
+            opens = i == 0 or _SENTENCE_BREAK.search(text, prev, w.begin) is not None
+            if names_something(text[w.begin : w.end], opens_sentence=opens):
+                out.add(w.norm)
+            prev = w.end
+    return out
 
 
 def split_units(
@@ -229,12 +256,17 @@ class LexicalParams:
 class AnchoredUnit:
     """A context unit the question points at. `span`: drafter tokens. `score`: higher first
     (IDF of the shared query words + n-gram bonus, decayed per cascade hop). `hop`: 0 for a
-    direct anchor, k for the k-th cascade round. `reason`: "anchor", "cascade" or "header"."""
+    direct anchor, k for the k-th cascade round. `reason`: "anchor", "cascade" or "header".
+    `named`: the question names this text - it shares a word that names something
+    (`names_something`) or a phrase of >= `PHRASE_MIN_WORDS` words, or a cascade or header
+    reached from such text; False for a unit that only shares plain words ("month",
+    "sites"), which passage evidence ranks better (`promotion_order`)."""
 
     span: Span
     score: float
     hop: int
     reason: str
+    named: bool = True
 
 
 @dataclass(frozen=True)
@@ -258,9 +290,15 @@ class LexicalEvidence:
         spans = (*self.question, *(u.span for u in self.units))
         return tuple(sorted({p for s in spans for p in (s.begin, s.end)}))
 
-    def promotion_order(self) -> tuple[Span, ...]:
-        """Spans to keep first, in order: the question, then the units best first."""
-        return (*self.question, *(u.span for u in self.units))
+    def promotion_order(self, *, named_only: bool = False) -> tuple[Span, ...]:
+        """Spans to keep first, in order: the question, then the units best first; with
+        `named_only` only the units the question names. Why: with passage evidence mixed
+        in, a unit sharing only plain words with the question ("month" in every lease line
+        of an aggregation prompt) is no key; kept first, seven such lines took a 2K budget's
+        room for the five facts the sentence embedder ranked best. It competes by its mixed
+        score instead."""
+        units = (u for u in self.units if u.named or not named_only)
+        return (*self.question, *(u.span for u in units))
 
 
 def find_lexical_evidence(
@@ -300,20 +338,26 @@ def find_lexical_evidence(
     if not query_words:
         return LexicalEvidence((), pool_spans, question)
     grams = _pool_ngrams(pool_seqs)
+    keys = key_words(text, pool_ranges)
+    if pflash_query:
+        keys |= key_words(pflash_query, [(0, len(pflash_query))])
 
     excluded = _merge_ranges([*pool_ranges, *(drafter.char_span(s) for s in pinned)])
     context = _context_words(text, units, excluded)
     ctx = _Context(units, context, drafter)
 
-    scores, strong = _anchor_scores(ctx, query_words, grams, params.rare_max_freq)
+    scores, strong, named = _anchor_scores(
+        ctx, query_words & keys, grams, query_words, params.rare_max_freq
+    )
     found: dict[int, tuple[float, int, str]] = {u: (s, 0, "anchor") for u, s in scores.items()}
     if params.mode == "cascade":
         _cascade(ctx, found, strong, query_words, params)
+    named |= {u for u, (_, hop, _) in found.items() if hop}  # reached from a key
     out = [
-        AnchoredUnit(drafter.token_span(*units[u]), s, hop, reason)
+        AnchoredUnit(drafter.token_span(*units[u]), s, hop, reason, u in named)
         for u, (s, hop, reason) in found.items()
     ]
-    out.extend(_headers(text, units, found, excluded, drafter))
+    out.extend(_headers(text, units, found, named, excluded, drafter))
     out = _best_per_span(out)
     out.sort(key=lambda a: (-a.score, a.span.begin, a.span.end))
     return LexicalEvidence(tuple(out), pool_spans, question)
@@ -502,15 +546,24 @@ class _Context:
 
 
 def _anchor_scores(
-    ctx: _Context, query_words: set[str], grams: set[tuple[str, ...]], rare_max_freq: int
-) -> tuple[dict[int, float], set[int]]:
+    ctx: _Context,
+    keys: set[str],
+    grams: set[tuple[str, ...]],
+    query_words: set[str],
+    rare_max_freq: int,
+) -> tuple[dict[int, float], set[int], set[int]]:
     """Unit -> score for every unit anchored by a rare query word or a rare shared n-gram,
-    and the strong anchors among them: a shared word or n-gram in at most `rare_max_freq`
-    units (a key, not a topic word; only these seed the cascade)."""
+    the units the question names (`AnchoredUnit.named`), and the strong anchors among them: a shared n-gram, or a shared word of `keys` (query
+    words that name something), in at most `rare_max_freq` units (a key, not a topic word;
+    only these seed the cascade). Why the word must name something: in a short context a
+    plain word is rare by chance - "sites" in the question met "site.py" in a docstring,
+    and the cascade followed "package" through seventeen docstring lines that filled the
+    budget (aggregation at 2K, BENCHMARKS.md)."""
     first_words = {g[0] for g in grams}
     matched_grams: list[dict[tuple[str, ...], int]] = []
     gram_df: Counter = Counter()
     phrases: dict[int, int] = {}  # unit -> longest shared phrase (>= PHRASE_MIN_WORDS words)
+    long_grams: set[tuple[str, ...]] = set()  # shared phrases of >= PHRASE_MIN_WORDS words
     for u_index, ws in enumerate(ctx.words):
         norms = [n for n, _ in ws]
         found: dict[tuple[str, ...], int] = {}
@@ -529,11 +582,13 @@ def _anchor_scores(
                 found[tuple(norms[i : i + length])] = length
                 if length >= PHRASE_MIN_WORDS and content_words >= 2:
                     phrases[u_index] = max(phrases.get(u_index, 0), length)
+                    long_grams.add(tuple(norms[i : i + length]))
         matched_grams.append(found)
         gram_df.update(found.keys())
 
     scores: dict[int, float] = {}
     strong: set[int] = set()
+    named: set[int] = set()
     for u, shared in enumerate(ctx.sets):
         hits = shared & query_words
         gram_hits = {g: n for g, n in matched_grams[u].items() if gram_df[g] <= ctx.anchor_limit}
@@ -542,15 +597,18 @@ def _anchor_scores(
             common = [g for g in matched_grams[u] if gram_df[g] <= PHRASE_MAX_SHARE * ctx.n_units]
             if u in phrases and any(len(g) >= PHRASE_MIN_WORDS for g in common):
                 scores[u] = PHRASE_SCORE * phrases[u]  # the lowest tier: after every key
+                named.add(u)
             continue
         score = sum(ctx.idf(w) for w in hits if ctx.unit_df[w] <= ctx.common_limit)
         score += max(gram_hits.values(), default=1) - 1
         scores[u] = score
-        if any(ctx.unit_df[w] <= rare_max_freq for w in rare) or any(
+        if any(w in keys for w in rare) or any(g in long_grams for g in gram_hits):
+            named.add(u)
+        if any(ctx.unit_df[w] <= rare_max_freq for w in rare if w in keys) or any(
             gram_df[g] <= rare_max_freq for g in gram_hits
         ):
             strong.add(u)
-    return scores, strong
+    return scores, strong, named
 
 
 def _cascade(
@@ -599,13 +657,14 @@ def _headers(
     text: str,
     units: Sequence[tuple[int, int]],
     found: dict[int, tuple[float, int, str]],
+    named: set[int],
     excluded: Sequence[tuple[int, int]],
     drafter: TokenizedText,
 ) -> list[AnchoredUnit]:
     """For each anchored unit on an indented line, the nearest non-blank line above (within
     `HEADER_WINDOW` lines) with strictly smaller indentation, when it opens a block: the
     `def`/`class` line that names the function a matched docstring line belongs to. Scored
-    just below the hit."""
+    just below the hit, named when the hit is."""
     out = []
     for u, (score, hop, _) in found.items():
         b = units[u][0]
@@ -627,7 +686,8 @@ def _headers(
                         xb < le and lb < xe for xb, xe in excluded
                     ):
                         span = drafter.token_span(lb, le)
-                        out.append(AnchoredUnit(span, score - HEADER_GAP, hop, "header"))
+                        header = AnchoredUnit(span, score - HEADER_GAP, hop, "header", u in named)
+                        out.append(header)
                     break
             end = start - 1
     return out
@@ -665,5 +725,8 @@ def _best_per_span(units: Iterable[AnchoredUnit]) -> list[AnchoredUnit]:
         if a.span.empty:
             continue
         if a.span not in best or a.score > best[a.span].score:
-            best[a.span] = a
+            named = a.named or (a.span in best and best[a.span].named)
+            best[a.span] = a if a.named == named else dataclasses.replace(a, named=named)
+        elif a.named and not best[a.span].named:
+            best[a.span] = dataclasses.replace(best[a.span], named=True)
     return list(best.values())

@@ -27,8 +27,9 @@ Two pure steps around the drafter call:
    spread over its tokens and normalised to sum 1 over the context, mixed with the attention
    scores (also normalised to sum 1 over the context):
    `score = (1 - sum w) * attention + sum_k w_k * signal_k`. Tokens from the question on keep
-   their attention scores (they are mandatory). Before the mix, per signal: the entity the
-   best passages name is followed (`entity_feedback`), code headers are lifted, and with
+   their attention scores (they are mandatory). Before the mix: each signal on one scale
+   (`part_shares`), the entity the best passages name is followed for all of them
+   (`entity_feedback`), and per signal code headers are lifted, and with
    `select_passage_cuts` the parts of one sentence share its best score (`whole_sentences`);
    selection then cuts its candidates at the passages (`passage_cuts`).
 """
@@ -38,12 +39,12 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from pflash.compress.entity_feedback import lift_named_entities
+from pflash.compress.entity_feedback import followed_passages, lift_passages
 from pflash.compress.lexical import split_units
 from pflash.compress.query import Plan, question_tail
 from pflash.compress.scoring import ScoreRequest, ScoreResult
@@ -92,10 +93,18 @@ def combine_questions(sims: np.ndarray) -> np.ndarray:
     sims = np.asarray(sims, dtype=np.float64)
     if not sims.size:
         return np.zeros(sims.shape[1] if sims.ndim == 2 else 0)
+    return part_shares(sims).max(axis=0)
+
+
+def part_shares(sims: np.ndarray) -> np.ndarray:
+    """Per row (question part or signal) of [rows, passages], each passage's score above the
+    row's median passage as a share of the row's best (0 at or below the median), float64."""
+    sims = np.asarray(sims, dtype=np.float64)
+    if not sims.size:
+        return sims
     med = np.median(sims, axis=1, keepdims=True)
     top = sims.max(axis=1, keepdims=True)
-    share = np.maximum(sims - med, 0.0) / np.where(top > med, top - med, 1.0)
-    return share.max(axis=0)
+    return np.maximum(sims - med, 0.0) / np.where(top > med, top - med, 1.0)
 
 
 def evidence_passages(
@@ -317,7 +326,7 @@ def passage_signals(
                 config.select_projection_weight,
             )
         )
-    out = []
+    checked: list[_Checked] = []
     for name, passages, values, shape, weight in asked:
         if values is None or np.shape(values) != shape:
             got = "none" if values is None else f"{np.shape(values)}"
@@ -326,14 +335,55 @@ def passage_signals(
             )
         if not np.all(np.isfinite(values)):
             raise CompressionFailed("drafter", f"non-finite {name} scores")
-        values = combine_questions(values) if len(shape) == 2 else np.asarray(values)
-        if config.select_entity_feedback:
-            texts = [drafter.text[slice(*drafter.char_span(p))] for p in passages]
-            values = lift_named_entities(texts, values)
-        values = lift_code_headers(drafter, tuple(passages), values)
+        rows = values if len(shape) == 2 else np.asarray(values)[None, :]
+        checked.append(_Checked(name, tuple(passages), part_shares(rows).max(axis=0), weight))
+    if config.select_entity_feedback:
+        checked = _follow_entities(drafter, checked)
+    out = []
+    for c in checked:
+        values = lift_code_headers(drafter, c.passages, c.values)
         if config.select_passage_cuts:  # after every lift: a sentence's parts go together
-            values = whole_sentences(drafter, passages, values)
-        out.append(PassageSignal(tuple(passages), values, weight))
+            values = whole_sentences(drafter, c.passages, values)
+        out.append(PassageSignal(c.passages, values, c.weight))
+    return out
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """One asked signal, checked: per-passage scores on the share scale (`part_shares`: 0 at
+    or below the median passage, 1 at the best; the embedder's best over the question's
+    parts)."""
+
+    name: str
+    passages: tuple[Span, ...]
+    values: np.ndarray
+    weight: float
+
+
+def _follow_entities(drafter: TokenizedText, checked: list[_Checked]) -> list[_Checked]:
+    """`checked` with entity feedback (`entity_feedback`) applied: the signals over the same
+    passages (the embedder's and the tap projection's) lift the passages of the same names,
+    picked by the sentence embedder where it scored these passages, else by the signals'
+    weighted mean. Why one pick, the embedder's: on the share scale the projection's best
+    names were the distractor leases in both aggregation cases looked at, and its own lift
+    (to 0.9 of its best raw cosine, before the share scale) was a lift to about its median
+    passage; with the embedder's pick for both, aggregation on a fresh seed kept 118 of 120
+    facts against 112 with each signal's own (BENCHMARKS.md)."""
+    out = list(checked)
+    groups: dict[tuple[Span, ...], list[int]] = {}
+    for k, c in enumerate(checked):
+        groups.setdefault(c.passages, []).append(k)
+    for passages, members in groups.items():
+        texts = [drafter.text[slice(*drafter.char_span(p))] for p in passages]
+        semantic = [checked[k] for k in members if checked[k].name == "semantic"]
+        if semantic:
+            followed = followed_passages(texts, semantic[0].values)
+        else:
+            total = sum(checked[k].weight for k in members) or 1.0
+            mean = sum(checked[k].values * checked[k].weight for k in members) / total
+            followed = followed_passages(texts, mean)
+        for k in members:
+            out[k] = replace(checked[k], values=lift_passages(checked[k].values, followed))
     return out
 
 

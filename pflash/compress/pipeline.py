@@ -307,7 +307,8 @@ def finish(
             raise CompressionFailed(
                 "selection", f"keep ratio {r:.4g} leaves no budget over {n} drafter tokens"
             )
-        pool, promoted = _promote(cands, evidence, token_budget, config)
+        share = config.lexical_max_share
+        pool, promoted = _promote(cands, evidence, token_budget, share, bool(signals))
         sel = _select(pool, other, token_budget, config, skip_oversized=seg.kind == "probe")
         if not sel.ok:
             raise CompressionFailed(
@@ -383,20 +384,16 @@ def _legacy_candidate_scores(scores: ScoreResult, cands: Candidates) -> np.ndarr
 
 
 def _promote(
-    cands: Candidates, evidence: LexicalEvidence | None, token_budget: int, config: PFlashConfig
+    cands: Candidates, evidence: LexicalEvidence | None, budget: int, share: float, named_only: bool
 ) -> tuple[Candidates, int]:
     """The candidates with the lexical evidence that fits this budget made mandatory: the
-    question sentences first, then the anchored units best first, within
-    `lexical_max_share` of the droppable budget; attention fills the rest. Run per ceiling
-    attempt, so a tightened budget is respected."""
+    question sentences first, then the anchored units best first (only those the question
+    names when passage evidence is mixed in: `LexicalEvidence.promotion_order`), within
+    `share` of the droppable budget; the scores fill the rest. Run per ceiling attempt."""
     if evidence is None:
         return cands, 0
-    return promote_spans(
-        cands,
-        evidence.promotion_order(),
-        budget=token_budget,
-        share=config.lexical_max_share,
-    )
+    order = evidence.promotion_order(named_only=named_only)
+    return promote_spans(cands, order, budget=budget, share=share)
 
 
 def _select(

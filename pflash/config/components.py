@@ -170,7 +170,7 @@ class SelectionConfig(Component):
     )
     select_semantic_weight: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field(
         "auto",
-        description="Semantic evidence: a sentence embedder (semantic_embedder) scores each passage before the question by its cosine to the question (each part of a multi-part question); mixed with attention like select_likelihood_weight (the weights sum to at most 1). Lexical evidence is still kept first. auto (the default) = what select_likelihood_weight and select_projection_weight leave of 1, shared half and half with the tap projection where it applies (BENCHMARKS.md); 0 = off (no embedder loaded).",
+        description="Semantic evidence: a sentence embedder (semantic_embedder) scores each passage before the question by its cosine to the question (each part of a multi-part question); mixed with attention like select_likelihood_weight (the weights sum to at most 1). Lexical evidence the question names is still kept first (text sharing only plain words with it competes by score). auto (the default) = what select_likelihood_weight and select_projection_weight leave of 1, shared half and half with the tap projection where it applies (BENCHMARKS.md); 0 = off (no embedder loaded).",
     )
     semantic_passage_tokens: int = Field(
         24,

@@ -13,6 +13,8 @@ from pflash.compress.lexical import (
     LexicalParams,
     find_lexical_evidence,
     is_question_like,
+    key_words,
+    names_something,
     normalize,
     split_units,
     words,
@@ -243,13 +245,18 @@ DISTRACTOR = [
 CHAIN_QUESTION = "Find all variables that are assigned the value 12345."
 
 
-def _chain_prompt(tokenizer):
-    paras = _filler(16000).split("\n\n")
-    lines = [x for pair in zip(CHAIN, DISTRACTOR, strict=True) for x in pair]
+def _spread_prompt(tokenizer, lines, question: str, chars: int = 16000):
+    """`lines` spread evenly through licence filler, then `question`."""
+    paras = _filler(chars).split("\n\n")
     step = len(paras) // (len(lines) + 1)
     for k, line in enumerate(lines, start=1):
         paras.insert(k * step + k - 1, line)
-    return _prepared(tokenizer, "\n\n".join(paras) + "\n\n" + CHAIN_QUESTION)
+    return _prepared(tokenizer, "\n\n".join(paras) + "\n\n" + question)
+
+
+def _chain_prompt(tokenizer):
+    lines = [x for pair in zip(CHAIN, DISTRACTOR, strict=True) for x in pair]
+    return _spread_prompt(tokenizer, lines, CHAIN_QUESTION)
 
 
 def test_cascade_follows_a_three_hop_chain_and_leaves_the_distractor(smollm2_tokenizer):
@@ -338,3 +345,62 @@ def test_header_rule_keeps_the_def_line_above_a_matched_docstring_line(smollm2_t
     assert ev.units[header].reason == "header"
     assert ev.units[header].score < ev.units[hit].score
     assert header == hit + 1  # ranked right after its hit
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+@pytest.mark.parametrize(
+    "raw, opens, expected",
+    [
+        ("Zeinka", False, True),  # a name inside a sentence
+        ("Zeinka", True, False),  # ... or a sentence's first word: cannot tell, so no
+        ("ABCDE", True, True),
+        ("McAllister", True, True),
+        ("12345", False, True),
+        ("get_data", False, True),
+        ("sites", False, False),
+        ("When", True, False),
+    ],
+)
+def test_a_key_word_names_something(raw, opens, expected):
+    assert names_something(raw, opens_sentence=opens) is expected
+
+
+def test_key_words_of_a_question_skip_the_words_opening_its_sentences():
+    text = "Who founded Zeinka? Where is get_data used: Lyon, or in Paris, or sites near 12345?"
+    assert key_words(text, [(0, len(text))]) == {"zeinka", "get_data", "paris", "12345"}
+
+
+PLAIN_CHAIN = [
+    "This feature is similar to the pth files (see site.py), it is a feature.",
+    "The feature also reads files beginning where the pkg name matches.",
+    "Every pkg file found is added to the path as well.",
+]
+PLAIN_QUESTION = "How many sites serving customers does the business maintain?"
+
+
+def test_a_plain_word_anchors_its_unit_but_starts_no_cascade(smollm2_tokenizer):
+    # "sites" meets "site.py" by the plural strip: rare in this text, but no key; a cascade
+    # from it followed "pkg" through a docstring and filled an aggregation prompt's budget
+    prepared = _spread_prompt(smollm2_tokenizer, PLAIN_CHAIN, PLAIN_QUESTION, chars=8000)
+    ev = _evidence(prepared, mode="cascade", rare_max_freq=2, cascade_iters=3)
+    by_text = {_text(prepared, u.span): u for u in ev.units}
+    assert PLAIN_CHAIN[0] in by_text and by_text[PLAIN_CHAIN[0]].hop == 0
+    assert not by_text[PLAIN_CHAIN[0]].named
+    assert not {PLAIN_CHAIN[1], PLAIN_CHAIN[2]} & set(by_text)
+
+
+PLAIN_LINE = "Such variables are assigned once, at start."
+
+
+def test_units_the_question_names_are_promoted_alone_when_asked(smollm2_tokenizer):
+    prepared = _spread_prompt(smollm2_tokenizer, [*CHAIN, PLAIN_LINE], CHAIN_QUESTION)
+    ev = _evidence(prepared, mode="cascade", rare_max_freq=2, cascade_iters=3)
+    named = {_text(prepared, u.span) for u in ev.units if u.named}
+    assert set(CHAIN) <= named  # the value 12345 names the root; its hops descend from it
+    plain = [u.span for u in ev.units if not u.named]
+    assert PLAIN_LINE in {_text(prepared, s) for s in plain}  # shares plain words only
+    everything, only_named = ev.promotion_order(), ev.promotion_order(named_only=True)
+    assert only_named[: len(ev.question)] == ev.question  # the question still comes first
+    assert set(only_named) == set(everything) - set(plain)

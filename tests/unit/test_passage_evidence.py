@@ -9,6 +9,7 @@ own work: what it asks the drafter for, how it mixes, and that it fails closed.
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from pflash.compress.passage_evidence import (
     lift_code_headers,
     mix_evidence,
     passage_cuts,
+    passage_signals,
     passage_texts,
     passage_token_scores,
     question_parts,
@@ -521,3 +523,101 @@ def test_entity_feedback_keeps_every_fact_about_the_firm_the_best_passage_names(
     kept = [f in out.served_text for f in FIRM_FACTS]
     assert kept[0]  # the fact the embedder found is kept either way
     assert all(kept) is feedback
+
+
+LEASES = tuple(
+    f"The {name} lease runs for {n} months."
+    for name, n in [("Zeinka", 147), ("Plolfou", 197), ("Zonquix", 324), ("Turmos", 153)]
+)
+MONTHLY_QUESTION = "What amount is held back each month against possible harm to the property?"
+
+
+def _leases_document() -> str:
+    body = _content()[: -len(QUESTION)]
+    breaks = [i for i in range(len(body)) if body.startswith("\n\n", i)]
+    picks = [breaks[len(breaks) * (k + 1) // 6] for k in range(len(LEASES))]
+    for at, line in sorted(zip(picks, LEASES, strict=True), reverse=True):
+        body = body[:at] + "\n\n" + line + body[at:]
+    return body + MONTHLY_QUESTION
+
+
+@pytest.mark.parametrize("semantic", [0.0, 1.0])
+def test_with_passage_evidence_text_sharing_only_plain_words_is_not_kept_first(
+    smollm2_tokenizer, semantic
+):
+    """Each lease line shares only the plain word "month" with the question: without passage
+    evidence it is lexical evidence, kept first; with passage evidence it competes by its
+    score, and the answer the embedder found (0.9 against 0.1) is kept."""
+    content = _leases_document()
+    cfg = build_config(
+        {**CFG, "select_lexical": "cascade", "select_semantic_weight": semantic}, env={}
+    )
+    out, _ = _compress(smollm2_tokenizer, cfg, _decoy_and_semantic(content[:3000]), content)
+    assert out.stats["lexical_units"] >= len(LEASES)  # found either way
+    if semantic:
+        assert out.stats["lexical_kept"] == 0
+        assert EVIDENCE in out.served_text
+    else:
+        assert out.stats["lexical_kept"] > 0
+        assert all(line in out.served_text for line in LEASES)
+
+
+FIRM_LINES = (
+    "Kunlun took in revenue of 15317 thousand euros over its latest year.",
+    "The staff of Kunlun numbers 7176.",
+    "The Kunlun chain counts 54 shops.",
+    "Kunlun was started by Sabine Nextreil.",
+)
+LEASE_LINES = (
+    "Every month the Doultheix tenant pays 1598 credits.",
+    "The Doultheix tenancy lasts 103 months from signing.",
+    "Doultheix holders lodge 9168 credits up front.",
+    "Ending the Doultheix lease early costs 700 credits.",
+)
+
+
+def _entity_signals(tokenizer, semantic_weight: float):
+    """passage_signals over firm facts, lease lines and licence filler: the embedder ranks
+    the firm's revenue first and the firm's other facts above the leases; the projection's
+    raw cosines put the leases first (0.80) and the firm (0.70) just above the filler."""
+    filler = [s.strip() + "." for s in _content(4000).split(". ")[:24] if len(s) > 20]
+    lines = [*FIRM_LINES, *LEASE_LINES, *filler]
+    drafter = encode_with_offsets(tokenizer, "\n".join(lines) + "\n")
+    passages = evidence_passages(drafter, len(drafter), [], max_tokens=24)
+    texts = [drafter.text[slice(*drafter.char_span(p))] for p in passages]
+
+    def cosine(text, firm, lease, other):
+        return firm if "Kunlun" in text else lease if "Doultheix" in text else other
+
+    semantic = [cosine(t, 0.9 if "revenue" in t else 0.6, 0.5, 0.1) for t in texts]
+    projection = [cosine(t, 0.70, 0.80, 0.65) for t in texts]
+    cfg = build_config(
+        {
+            **CFG,
+            "select_semantic_weight": semantic_weight,
+            "select_projection_weight": 1.0 - semantic_weight,
+            "select_entity_feedback": True,
+        },
+        env={},
+    )
+    req = SimpleNamespace(
+        likelihood_passages=(),
+        semantic_passages=passages if semantic_weight else (),
+        semantic_texts=tuple(texts) if semantic_weight else (),
+        semantic_questions=("About the firm: how large is its staff?",),
+        projection_passages=passages,
+    )
+    scores = SimpleNamespace(
+        semantic=np.array([semantic], dtype=np.float32), projection=np.array(projection)
+    )
+    out = passage_signals(req, scores, cfg, drafter)
+    firm = [i for i, t in enumerate(texts) if "Kunlun" in t]
+    return out[-1].scores, firm, projection  # the projection's signal comes last
+
+
+def test_the_projection_follows_the_entity_the_embedder_picks(smollm2_tokenizer):
+    alone, firm, raw = _entity_signals(smollm2_tokenizer, semantic_weight=0.0)
+    assert alone.max() == 1.0 and alone[np.asarray(raw) <= np.median(raw)].max() == 0.0
+    assert alone[firm].max() < 0.9  # alone it follows its own best name, the leases
+    mixed, firm, _ = _entity_signals(smollm2_tokenizer, semantic_weight=0.5)
+    assert mixed[firm].min() >= 0.9  # with the embedder it lifts the embedder's firm
