@@ -335,8 +335,11 @@ def passage_signals(
             )
         if not np.all(np.isfinite(values)):
             raise CompressionFailed("drafter", f"non-finite {name} scores")
-        rows = values if len(shape) == 2 else np.asarray(values)[None, :]
-        checked.append(_Checked(name, tuple(passages), part_shares(rows).max(axis=0), weight))
+        if len(shape) == 2:
+            values = combine_questions(values)
+        else:
+            values = part_shares(np.asarray(values)[None, :])[0]
+        checked.append(_Checked(name, tuple(passages), values, weight))
     if config.select_entity_feedback:
         checked = _follow_entities(drafter, checked)
     out = []
