@@ -30,6 +30,11 @@ would need the others' private word tables.
    A unit that only shares a longer phrase with the question (>= 3 words, two of them
    content words) that many units repeat - the log lines a counting question is about -
    is anchored in the lowest tier: after every key, before attention.
+   A string the question quotes ("...", `...`, '...', “...”) is matched character for
+   character (case and runs of whitespace aside, a closing "." optional): the units it
+   sits in are keys scored above any shared n-gram, or phrase-tier units when many repeat
+   it. Why: words drop the symbols that tell "Same as a *= b." from twenty "Same as a += b."
+   docstrings, and a user who quotes a line means that line.
 5. Cascade (optional): starting from the anchors on a key (a query word or n-gram in at
    most `rare_max_freq` units; a single word only when it names something - digits, an
    underscore, a capital inside it or not opening a sentence: `key_words`), rare words of anchored units (at most `rare_max_freq`
@@ -42,6 +47,7 @@ Pure: `re` and the standard library; nothing here knows about budgets beyond the
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import re
@@ -64,6 +70,7 @@ COMMON_SHARE = 0.10  # ... and so is one in more than this share of the units
 PHRASE_MIN_WORDS = 3  # a phrase of the question repeated in many units: "keyword log entry"
 PHRASE_MAX_SHARE = 0.5  # ... but not in most of them (boilerplate)
 PHRASE_SCORE = 1e-3  # per phrase word: phrase units rank after every key anchor and hop
+QUOTE_SCORE = float(MAX_NGRAM)  # a quoted string outranks any shared n-gram's bonus
 HOP_DECAY = 0.9  # cascade: a unit reached in hop k scores 0.9^k of its parent
 HEADER_WINDOW = 32  # lines searched upwards for an indented hit's header
 HEADER_GAP = 1e-3  # a header scores this much below its hit, so it is promoted right after
@@ -96,7 +103,13 @@ QUESTION_OPENERS = frozenset(
     """.split()
 )
 
+QUOTE_MAX_CHARS = 300  # longer "quotes" are more likely two unrelated quote marks
+
 _WORD = re.compile(r"\w+")
+_QUOTED = re.compile(
+    rf'"([^"\n]{{3,{QUOTE_MAX_CHARS}}})"|“([^”\n]{{3,{QUOTE_MAX_CHARS}}})”'
+    rf"|`([^`\n]{{3,{QUOTE_MAX_CHARS}}})`|(?<!\w)'([^'\n]{{3,{QUOTE_MAX_CHARS}}})'(?!\w)"
+)
 _LINE = re.compile(r"[^\n]+")
 _SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s)")
 _SENTENCE_BREAK = re.compile(r"[.!?:;\n]")
@@ -166,6 +179,23 @@ def key_words(text: str, ranges: Iterable[tuple[int, int]]) -> set[str]:
                 out.add(w.norm)
             prev = w.end
     return out
+
+
+def quoted_patterns(text: str, ranges: Iterable[tuple[int, int]]) -> list[re.Pattern[str]]:
+    """What the question quotes in `text[b:e]` (each range), as patterns that find the
+    quoted string in the context: case aside, any run of whitespace for a space, a closing
+    ".,;:!?" left out (the text may go on where the quote ends). A quote of stopwords alone
+    ("what it is") names nothing and gives no pattern."""
+    out: dict[str, re.Pattern[str]] = {}
+    for b, e in ranges:
+        for m in _QUOTED.finditer(text, b, e):
+            quote = next(g for g in m.groups() if g is not None)
+            quote = quote.strip().rstrip(".,;:!?").strip()
+            if len(quote) < 3 or all(w.stop for w in words(quote)):
+                continue
+            source = r"\s+".join(re.escape(part) for part in quote.split())
+            out.setdefault(source, re.compile(source, re.IGNORECASE))
+    return list(out.values())
 
 
 def split_units(
@@ -258,8 +288,8 @@ class AnchoredUnit:
     (IDF of the shared query words + n-gram bonus, decayed per cascade hop). `hop`: 0 for a
     direct anchor, k for the k-th cascade round. `reason`: "anchor", "cascade" or "header".
     `named`: the question names this text - it shares a word that names something
-    (`names_something`) or a phrase of >= `PHRASE_MIN_WORDS` words, or a cascade or header
-    reached from such text; False for a unit that only shares plain words ("month",
+    (`names_something`), a phrase of >= `PHRASE_MIN_WORDS` words or a string it quotes, or a
+    cascade or header reached from such text; False for a unit that only shares plain words ("month",
     "sites"), which passage evidence ranks better (`promotion_order`)."""
 
     span: Span
@@ -349,6 +379,10 @@ def find_lexical_evidence(
     scores, strong, named = _anchor_scores(
         ctx, query_words & keys, grams, query_words, params.rare_max_freq
     )
+    quotes = quoted_patterns(text, pool_ranges)
+    if pflash_query:
+        quotes += quoted_patterns(pflash_query, [(0, len(pflash_query))])
+    _anchor_quotes(ctx, quotes, excluded, scores, strong, named, params.rare_max_freq)
     found: dict[int, tuple[float, int, str]] = {u: (s, 0, "anchor") for u, s in scores.items()}
     if params.mode == "cascade":
         _cascade(ctx, found, strong, query_words, params)
@@ -609,6 +643,45 @@ def _anchor_scores(
         ):
             strong.add(u)
     return scores, strong, named
+
+
+def _anchor_quotes(
+    ctx: _Context,
+    patterns: Sequence[re.Pattern[str]],
+    excluded: Sequence[tuple[int, int]],
+    scores: dict[int, float],
+    strong: set[int],
+    named: set[int],
+    rare_max_freq: int,
+) -> None:
+    """Adds the units holding a quoted string (`quoted_patterns`) to the anchor `scores`,
+    the `named` units and, when at most `rare_max_freq` units hold it, the `strong` ones.
+    In at most `anchor_limit` units the quote is a key, `QUOTE_SCORE` above the unit's own
+    score; in more (but not most) units it is a phrase, in the lowest tier ("how many lines
+    say 'connection reset'?"). A match inside the question or a pinned span is not one."""
+    text = ctx.drafter.text
+    starts = [b for b, _ in ctx.units]
+    for pattern in patterns:
+        hit: set[int] = set()
+        for m in pattern.finditer(text):
+            if any(xb < m.end() and m.start() < xe for xb, xe in excluded):
+                continue
+            u = max(0, bisect.bisect_right(starts, m.start()) - 1)
+            while u < len(ctx.units) and ctx.units[u][0] < m.end():
+                if ctx.units[u][1] > m.start():
+                    hit.add(u)
+                u += 1
+        if len(hit) <= ctx.anchor_limit:
+            for u in hit:
+                scores[u] = scores.get(u, 0.0) + QUOTE_SCORE
+                if len(hit) <= rare_max_freq:
+                    strong.add(u)
+        elif len(hit) <= PHRASE_MAX_SHARE * ctx.n_units:
+            for u in hit:
+                scores.setdefault(u, PHRASE_SCORE * MAX_NGRAM)
+        else:
+            continue
+        named.update(hit)
 
 
 def _cascade(

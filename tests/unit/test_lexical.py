@@ -16,6 +16,7 @@ from pflash.compress.lexical import (
     key_words,
     names_something,
     normalize,
+    quoted_patterns,
     split_units,
     words,
 )
@@ -404,3 +405,89 @@ def test_units_the_question_names_are_promoted_alone_when_asked(smollm2_tokenize
     everything, only_named = ev.promotion_order(), ev.promotion_order(named_only=True)
     assert only_named[: len(ev.question)] == ev.question  # the question still comes first
     assert set(only_named) == set(everything) - set(plain)
+
+
+# ----------------------------------------------------------------------------- quotes
+
+OPERATORS = [("iadd", "+="), ("isub", "-="), ("imul", "*="), ("imatmul", "@="), ("ipow", "**=")]
+OPERATORS += [("ifloordiv", "//="), ("itruediv", "/="), ("imod", "%="), ("iand", "&=")]
+OPERATORS += [("ior", "|="), ("ixor", "^="), ("ilshift", "<<="), ("irshift", ">>=")]
+
+
+def _operator_module() -> str:
+    return "".join(
+        f'def {name}(a, b):\n    "Same as a {op} b."\n    a {op} b\n    return a\n\n\n'
+        for name, op in OPERATORS
+    )
+
+
+def test_a_quoted_line_is_found_by_its_symbols_among_lines_of_the_same_words(smollm2_tokenizer):
+    """Thirteen docstrings share every word ("Same as a ... b."); only the quoted symbols
+    tell them apart. The quoted line is the top anchor, named, and its def line follows."""
+    filler = "\n".join(f"def helper_{i}(x):\n    return x + {i}\n" for i in range(30))
+    content = (
+        filler
+        + _operator_module()
+        + 'Which function has a docstring that begins "Same as a *= b."? Answer with its name.'
+    )
+    prepared = _prepared(smollm2_tokenizer, content)
+    ev = _evidence(prepared)
+    texts = [_text(prepared, u.span) for u in ev.units]
+    assert texts[:2] == ['"Same as a *= b."', "def imul(a, b):"]
+    assert ev.units[0].named and ev.units[1].named
+    assert not any("**=" in t or "+=" in t for t in texts)
+
+
+@pytest.mark.parametrize(
+    "question, found",
+    [
+        ('Where does it say "Same as a *= b."?', ["Same as a *= b"]),
+        ("Which line logs `conn reset`?", ["conn reset"]),
+        ("Which line logs 'conn   reset by peer'?", ["conn reset by peer"]),
+        ("Which line logs “conn reset”?", ["conn reset"]),
+        ("Isn't it the user's 'tail' that matters?", ["tail"]),
+        ("Isn't it the user's choice? It's fine.", []),  # apostrophes are no quotes
+        ('Is it "what it is"?', []),  # stopwords alone name nothing
+        ('Is it "ab"?', []),
+    ],
+)
+def test_quotes_of_a_question_become_patterns(question, found):
+    patterns = quoted_patterns(question, [(0, len(question))])
+    samples = {
+        "Same as a *= b": 'x "SAME as a *= b." y',
+        "conn reset": "10:02 conn\treset",
+        "conn reset by peer": "conn reset by peer (104)",
+        "tail": "the Tail end",
+    }
+    assert len(patterns) == len(found)
+    for pattern, key in zip(patterns, found, strict=True):
+        assert pattern.search(samples[key])
+    if found == ["Same as a *= b"]:
+        assert not patterns[0].search("Same as a **= b.")
+
+
+def test_a_quote_many_lines_repeat_anchors_them_in_the_lowest_tier(smollm2_tokenizer):
+    """A counting question quotes what its lines say; they are many, so each is a phrase-tier
+    unit (named, below any key), and lines of the same words but other symbols are not."""
+    lines = [f"route {k}: a -> b dropped" for k in range(12)]
+    others = [f"route {k}: a <- b dropped" for k in range(12)]
+    prepared = _spread_prompt(
+        smollm2_tokenizer,
+        [x for pair in zip(lines, others, strict=True) for x in pair] + [NEEDLE],
+        f'How many routes say "a -> b"? {QUESTION}',
+        chars=20000,
+    )
+    ev = _evidence(prepared)
+    texts = [_text(prepared, u.span) for u in ev.units]
+    assert texts[0] == NEEDLE
+    quoted = [u for u in ev.units if "->" in _text(prepared, u.span)]
+    assert len(quoted) == len(lines)
+    assert all(u.named and u.score < ev.units[0].score / 100 for u in quoted)
+    assert not any("<-" in t for t in texts)
+
+
+def test_a_quote_is_not_matched_in_the_question_itself(smollm2_tokenizer):
+    prepared = _spread_prompt(
+        smollm2_tokenizer, [NEEDLE], 'Which paragraph says "zqxj wvut frobnicates"?'
+    )
+    assert _evidence(prepared).units == ()
