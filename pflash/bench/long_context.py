@@ -150,6 +150,11 @@ class Haystack:
 def build_haystack(paragraphs: list[str], depths: tuple[float, ...], seed: int) -> Haystack:
     """Facts inserted between `paragraphs` (shuffled by `seed` so each seed reads other text
     around them); the needle numbers, projects and fact depths are drawn from `seed`."""
+    if len(depths) > len(ANIMALS):
+        raise ValueError(
+            f"at most {len(ANIMALS)} needle depths (each needle a different animal),"
+            f" {len(depths)} given"
+        )
     rng = random.Random(seed)
     text = list(paragraphs)
     rng.shuffle(text)
@@ -450,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the rows as JSON lines here")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child process
     args = ap.parse_args(argv)
+    if len(args.depths) > len(ANIMALS):  # before any child process loads a model
+        ap.error(f"--depths: at most {len(ANIMALS)} (each needle a different animal)")
     if args.one:  # one (length, mode) in this process, result as JSON on stdout
         r = run_case(
             args.lengths[0],

@@ -7,11 +7,15 @@ for, and a kept check that needs every answer.
 
 from __future__ import annotations
 
+import pytest
+
 from pflash.bench.long_context import (
+    ANIMALS,
     DEPTHS,
     MULTI_FACT_PER_HAYSTACK,
     build_haystack,
     kept,
+    main,
     question_messages,
 )
 
@@ -56,3 +60,18 @@ def test_a_multi_fact_question_is_kept_only_with_all_three_facts():
     (message,) = question_messages(stack, q)
     assert message["content"].endswith(q.question)
     assert message["content"].startswith(stack.body)
+
+
+def test_more_needle_depths_than_animals_is_an_error_naming_the_limit():
+    depths = tuple((i + 1) / (len(ANIMALS) + 2) for i in range(len(ANIMALS) + 1))
+    with pytest.raises(ValueError, match=f"at most {len(ANIMALS)} needle depths"):
+        build_haystack(PARAGRAPHS, depths, seed=0)
+    assert len(build_haystack(PARAGRAPHS, depths[:-1], seed=0).questions) == len(ANIMALS) + 2
+
+
+def test_the_cli_refuses_too_many_depths_before_loading_anything(capsys):
+    too_many = [str((i + 1) / 12) for i in range(len(ANIMALS) + 1)]
+    with pytest.raises(SystemExit) as exit_:
+        main(["--lengths", "8192", "--depths", *too_many])
+    assert exit_.value.code == 2
+    assert f"at most {len(ANIMALS)}" in capsys.readouterr().err
