@@ -31,10 +31,10 @@ would need the others' private word tables.
    content words) that many units repeat - the log lines a counting question is about -
    is anchored in the lowest tier: after every key, before attention.
    A string the question quotes ("...", `...`, '...', “...”) is matched character for
-   character (case and runs of whitespace aside, a closing "." optional): the units it
+   character (case and runs of whitespace aside, a closing ".,;:!?" optional): the units it
    sits in are keys scored above any shared n-gram, or phrase-tier units when many repeat
-   it. Why: words drop the symbols that tell "Same as a *= b." from twenty "Same as a += b."
-   docstrings, and a user who quotes a line means that line.
+   it. Why: words drop the symbols that tell "Same as a *= b." from a dozen other
+   "Same as a ... b." docstrings, and a user who quotes a line means that line.
 5. Cascade (optional): starting from the anchors on a key (a query word or n-gram in at
    most `rare_max_freq` units; a single word only when it names something - digits, an
    underscore, a capital inside it or not opening a sentence: `key_words`), rare words of anchored units (at most `rare_max_freq`
