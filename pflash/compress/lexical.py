@@ -70,6 +70,7 @@ COMMON_SHARE = 0.10  # ... and so is one in more than this share of the units
 PHRASE_MIN_WORDS = 3  # a phrase of the question repeated in many units: "keyword log entry"
 PHRASE_MAX_SHARE = 0.5  # ... but not in most of them (boilerplate)
 PHRASE_SCORE = 1e-3  # per phrase word: phrase units rank after every key anchor and hop
+REPEAT_BONUS = 0.5  # phrase units repeated word for word rank first in their tier (< 1 word)
 QUOTE_SCORE = float(MAX_NGRAM)  # a quoted string outranks any shared n-gram's bonus
 HOP_DECAY = 0.9  # cascade: a unit reached in hop k scores 0.9^k of its parent
 HEADER_WINDOW = 32  # lines searched upwards for an indented hit's header
@@ -623,6 +624,7 @@ def _anchor_scores(
     scores: dict[int, float] = {}
     strong: set[int] = set()
     named: set[int] = set()
+    phrase_tier: list[int] = []
     for u, shared in enumerate(ctx.sets):
         hits = shared & query_words
         gram_hits = {g: n for g, n in matched_grams[u].items() if gram_df[g] <= ctx.anchor_limit}
@@ -630,8 +632,7 @@ def _anchor_scores(
         if not rare and not gram_hits:
             common = [g for g in matched_grams[u] if gram_df[g] <= PHRASE_MAX_SHARE * ctx.n_units]
             if u in phrases and any(len(g) >= PHRASE_MIN_WORDS for g in common):
-                scores[u] = PHRASE_SCORE * phrases[u]  # the lowest tier: after every key
-                named.add(u)
+                phrase_tier.append(u)
             continue
         score = sum(ctx.idf(w) for w in hits if ctx.unit_df[w] <= ctx.common_limit)
         score += max(gram_hits.values(), default=1) - 1
@@ -642,7 +643,27 @@ def _anchor_scores(
             gram_df[g] <= rare_max_freq for g in gram_hits
         ):
             strong.add(u)
+    scores.update(_phrase_tier_scores(ctx, phrase_tier, phrases))
+    named.update(phrase_tier)
     return scores, strong, named
+
+
+def _phrase_tier_scores(
+    ctx: _Context, tier: Sequence[int], phrases: dict[int, int]
+) -> dict[int, float]:
+    """The lowest tier, after every key: units sharing only a long phrase with the question.
+    Longer phrases first; among equal ones, units repeated word for word before singletons
+    (`REPEAT_BONUS`, under one phrase word). Why: when the tier is larger than the budget
+    (54 "Keyword log entry: ..." lines of about 9.5 tokens against a 4K prompt's budget of about 410), document order chose
+    which lines survived, so the repeated lines a "which appear most often" question
+    counts were cut as often as singletons; a repeated line stands for more of the text's
+    occurrences of the phrase than a singleton does."""
+    copies = Counter(tuple(n for n, _ in ctx.words[u]) for u in tier)
+    return {
+        u: PHRASE_SCORE
+        * (phrases[u] + REPEAT_BONUS * (1 - 1 / copies[tuple(n for n, _ in ctx.words[u])]))
+        for u in tier
+    }
 
 
 def _anchor_quotes(

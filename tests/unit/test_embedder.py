@@ -59,6 +59,19 @@ def test_embeddings_are_unit_vectors_independent_of_the_batch(embedder):
     np.testing.assert_allclose(alone, whole[:5], atol=1e-5)
 
 
+def test_a_passage_past_the_model_window_is_read_up_to_its_first_word_pieces(embedder):
+    """Passages are tokenized once, then padded per batch: the truncation to the model's
+    window must hold there too (BERT has no positions past 512)."""
+    long_text = " ".join(license_sentences(120))
+    ids = embedder.tokenizer(long_text, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 4 * embedder_module.MAX_TOKENS
+    head = embedder.tokenizer.decode(ids[: embedder_module.MAX_TOKENS - 2])
+    short = license_sentences(3)
+    both = embedder.embed([short[0], long_text, short[1]])
+    np.testing.assert_allclose(both[1], embedder.embed([head])[0], atol=1e-5)
+    np.testing.assert_allclose(both[[0, 2]], embedder.embed(short[:2]), atol=1e-5)
+
+
 @pytest.mark.parametrize("fact, question", PARAPHRASED)
 def test_the_answering_sentence_is_the_closest_to_a_paraphrased_question(embedder, fact, question):
     distractors = license_sentences(60) + [f for f, _ in PARAPHRASED if f != fact]

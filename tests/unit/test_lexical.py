@@ -229,6 +229,27 @@ def test_lines_repeating_a_question_phrase_anchor_in_the_lowest_tier(smollm2_tok
     )
 
 
+def test_repeated_phrase_lines_rank_before_singletons_in_the_lowest_tier(smollm2_tokenizer):
+    """When more lines share the question's phrase than the budget holds, the lines repeated
+    word for word come first (document order used to decide), the singletons after them."""
+    paras = _filler(12000).split("\n\n")
+    frequent = ["amber", "birch", "cedar"] * 4
+    singles = ["delta", "ember", "fjord", "grove", "heath", "inlet", "jetty", "knoll"]
+    lines = [f"Keyword log entry: {w}." for w in singles[:4] + frequent + singles[4:]]
+    for k, line in enumerate(lines):
+        paras.insert(1 + k * (len(paras) // len(lines)), line)
+    content = "\n\n".join(paras) + (
+        "\n\nWhich 3 keywords appear most often in the keyword log entries? Name them."
+    )
+    prepared = _prepared(smollm2_tokenizer, content)
+    ev = _evidence(prepared)
+    logs = [_text(prepared, u.span) for u in ev.units]
+    logs = [t for t in logs if t.startswith("Keyword log entry:")]
+    assert len(logs) == len(lines)
+    assert {t.split(": ")[1][:-1] for t in logs[: len(frequent)]} == set(frequent[:3])
+    assert logs[len(frequent) :] == [f"Keyword log entry: {w}." for w in singles]
+
+
 # ----------------------------------------------------------------------------- cascade
 
 CHAIN = [
