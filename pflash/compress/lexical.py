@@ -29,7 +29,8 @@ would need the others' private word tables.
    `def` above a docstring line), scored just below it.
    A unit that only shares a longer phrase with the question (>= 3 words, two of them
    content words) that many units repeat - the log lines a counting question is about -
-   is anchored in the lowest tier: after every key, before attention.
+   is anchored in the lowest tier: after every key, before attention; in it, units
+   repeated word for word come before singletons (`_phrase_tier_scores`).
    A string the question quotes ("...", `...`, '...', “...”) is matched character for
    character (case and runs of whitespace aside, a closing ".,;:!?" optional): the units it
    sits in are keys scored above any shared n-gram, or phrase-tier units when many repeat
