@@ -655,15 +655,14 @@ def _phrase_tier_scores(
     """The lowest tier, after every key: units sharing only a long phrase with the question.
     Longer phrases first; among equal ones, units repeated word for word before singletons
     (`REPEAT_BONUS`, under one phrase word). Why: when the tier is larger than the budget
-    (54 "Keyword log entry: ..." lines of about 9.5 tokens against a 4K prompt's budget of about 410), document order chose
-    which lines survived, so the repeated lines a "which appear most often" question
-    counts were cut as often as singletons; a repeated line stands for more of the text's
-    occurrences of the phrase than a singleton does."""
-    copies = Counter(tuple(n for n, _ in ctx.words[u]) for u in tier)
+    (54 "Keyword log entry: ..." lines of about 9.5 tokens against a 4K prompt's budget of
+    about 410), document order chose which lines survived, so the repeated lines a "which
+    appear most often" question counts were cut as often as singletons; a repeated line
+    stands for more of the text's occurrences of the phrase than a singleton does."""
+    text_of = {u: tuple(n for n, _ in ctx.words[u]) for u in tier}
+    copies = Counter(text_of.values())
     return {
-        u: PHRASE_SCORE
-        * (phrases[u] + REPEAT_BONUS * (1 - 1 / copies[tuple(n for n, _ in ctx.words[u])]))
-        for u in tier
+        u: PHRASE_SCORE * (phrases[u] + REPEAT_BONUS * (1 - 1 / copies[text_of[u]])) for u in tier
     }
 
 
