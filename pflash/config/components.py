@@ -10,6 +10,7 @@ here and only here; the descriptions are the README table.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from typing import Annotated, Any, Literal
 
@@ -42,6 +43,7 @@ DrafterProfile = Literal["auto", "generic", "qwen3", "qwen35"]
 TargetBackend = Literal["transformers", "openai", "ray_llm"]
 OnDrafterError = Literal["fail", "bypass"]
 ToolCallParser = Literal["hermes", "none"]
+AnonymousTenant = Literal["local", "per_address", "shared", "refuse"]
 LexicalMode = Literal["off", "anchors", "cascade"]
 LexicalQuery = Literal["question", "tail"]
 PositionPrior = Literal["off", "distance"]
@@ -462,7 +464,9 @@ class GenerationConfig(Component):
     upstream_base_url: str | None = Field(
         None, description="openai backend: the upstream base URL (…/v1)."
     )
-    upstream_api_key: str | None = Field(None, description="openai backend: the upstream API key.")
+    upstream_api_key: str | None = Field(
+        None, repr=False, description="openai backend: the upstream API key."
+    )
     upstream_model: str | None = Field(None, description="openai backend: the upstream model name.")
     upstream_prompt_format: Literal["text", "token_ids"] = Field(
         "text",
@@ -547,21 +551,61 @@ class ServerConfig(Component):
 
 
 class SecurityConfig(Component):
-    """Who may call. Read by the ingress."""
+    """Who may call and whose state a call reaches (pflash/tenants.py). Read by the ingress."""
 
     api_keys: tuple[str, ...] = Field(
         (),
-        description=f"Accepted API keys (each at least {MIN_API_KEY_CHARS} characters); none = no auth. A key's tenant scopes views and sessions.",
+        repr=False,
+        description=f"Accepted API keys (each at least {MIN_API_KEY_CHARS} characters, no surrounding whitespace); none = callers are anonymous (anonymous_tenant). A key's tenant scopes views and sessions.",
+    )
+    anonymous_tenant: AnonymousTenant = Field(
+        "local",
+        description="Callers without api_keys: local = only while Serve listens on a loopback host (elsewhere the Ingress refuses to start), each address a tenant; per_address = each client address a tenant, on any host; shared = one tenant for all; refuse = every call is a 401. Except a direct loopback caller under local, an anonymous caller never gets pflash_return_prompt (400) nor view statistics or cached tokens.",
+    )
+    trusted_proxies: tuple[str, ...] = Field(
+        (),
+        description="Networks (CIDR) of the proxies whose X-Forwarded-For names the client; from any other peer the header is ignored. The Ray processes need FORWARDED_ALLOW_IPS set empty (the image sets it).",
+    )
+    tenant_secret: str | None = Field(
+        None,
+        repr=False,
+        description=f"Secret the tenant ids (and the upstream's cache_salt) are keyed with, at least {MIN_API_KEY_CHARS} characters; unset = derived from api_keys (adding or removing a key then renews every tenant id). Every replica of an app reads the same value.",
     )
 
     @field_validator("api_keys")
     @classmethod
     def _real_keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        # an empty key in a list (`api_keys: [""]`) would otherwise turn authentication off
-        for key in v:
+        # an empty key in a list (`api_keys: [""]`) would otherwise turn authentication off;
+        # a key with surrounding whitespace could never match a stripped Bearer token. The
+        # message names the key's position, never the key.
+        for i, key in enumerate(v):
             if len(key.strip()) < MIN_API_KEY_CHARS:
                 raise ValueError(
                     f"every API key needs at least {MIN_API_KEY_CHARS} non-blank characters "
-                    "(an empty list turns authentication off)"
+                    f"(key #{i + 1} has fewer; an empty list turns authentication off)"
                 )
+            if key != key.strip():
+                raise ValueError(
+                    f"key #{i + 1} begins or ends with whitespace, so no request could ever "
+                    "send it; remove the whitespace"
+                )
+        return v
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for net in v:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{net[:64]!r} is not an address or a network (CIDR, e.g. 10.0.0.0/8)"
+                ) from None
+        return v
+
+    @field_validator("tenant_secret")
+    @classmethod
+    def _long_secret(cls, v: str | None) -> str | None:
+        if v is not None and len(v.strip()) < MIN_API_KEY_CHARS:
+            raise ValueError(f"needs at least {MIN_API_KEY_CHARS} non-blank characters")
         return v

@@ -227,6 +227,23 @@ FIELDS: dict[str, str] = dict(PFlashConfig.component_of)
 """Every flat key (YAML key, `PFLASH_*` name, attribute) -> the component holding it."""
 
 
+SECRETS: frozenset[str] = frozenset(
+    key for model in COMPONENTS.values() for key, f in model.model_fields.items() if not f.repr
+)
+"""The flat keys whose values are secrets (`repr=False` on their field): no error, log line or
+repr shows them (`shown`)."""
+
+
+def shown(key: str, value: Any) -> Any:
+    """`value` as an error message may show it under `key`: a secret (or an element of one,
+    `api_keys.1`) only as `<redacted>`."""
+    return "<redacted>" if key.split(".", 1)[0] in SECRETS else value
+
+
+def _error(key: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(key, shown(key, value), allowed)
+
+
 def field_info(key: str) -> FieldInfo:
     """The definition (type, default, bounds, description) of the flat key `key`."""
     return COMPONENTS[FIELDS[key]].model_fields[key]
@@ -242,9 +259,7 @@ def _env_key(field: str) -> str:
 def _parse_env_value(field: str, raw: str) -> Any:
     """Turn an environment string into the field's type; strict (\"12x\" is not an int)."""
     if raw.strip() == "":
-        raise ConfigError(
-            field, raw, f"{_env_key(field)} is set but empty; unset it or give a value"
-        )
+        raise _error(field, raw, f"{_env_key(field)} is set but empty; unset it or give a value")
     annotation = field_info(field).annotation
     kinds = {a for a in (get_args(annotation) or (annotation,)) if a is not type(None)}
     if bool in kinds:
@@ -253,8 +268,8 @@ def _parse_env_value(field: str, raw: str) -> Any:
             return True
         if low in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(field, raw, "a boolean: 1/0, true/false, on/off")
-    if field in ("api_keys", "served_model_names"):  # lists: comma or space separated
+        raise _error(field, raw, "a boolean: 1/0, true/false, on/off")
+    if field in ("api_keys", "served_model_names", "trusted_proxies"):  # comma or space separated
         return tuple(k for k in raw.replace(",", " ").split() if k)
     if field == "curve":
         return raw
@@ -262,12 +277,12 @@ def _parse_env_value(field: str, raw: str) -> Any:
         try:
             return int(raw.strip(), 10)
         except ValueError:
-            raise ConfigError(field, raw, "an integer") from None
+            raise _error(field, raw, "an integer") from None
     if float in kinds:
         try:
             return float(raw.strip())
         except ValueError:
-            raise ConfigError(field, raw, "a number") from None
+            raise _error(field, raw, "a number") from None
     return raw
 
 
@@ -303,9 +318,10 @@ def _format_error(err: ValidationError, data: Mapping[str, Any]) -> ConfigError:
     if not loc:  # a cross-field check: its message is "key: allowed"
         msg = allowed.removeprefix("Value error, ")
         key, _, allowed = msg.partition(": ")
-        return ConfigError(key, _given(data, key), allowed)
+        return _error(key, _given(data, key), allowed)
     if first.get("type") == "extra_forbidden":
-        return ConfigError(".".join(loc), first.get("input"), _unknown_key(loc))
+        # an unknown key's value is never shown: it may be a misspelt secret (`api_key:`)
+        return ConfigError(".".join(loc), "<redacted>", _unknown_key(loc))
     if loc[0] in COMPONENTS and len(loc) > 1:  # a component's field: named flat, as written
         loc = loc[1:]
     # a union's branch (`drafter_head_layer.constrained-int`): the field is what was written
@@ -314,7 +330,7 @@ def _format_error(err: ValidationError, data: Mapping[str, Any]) -> ConfigError:
         loc = loc[:1]
     key = ".".join(loc)
     if key not in FIELDS:  # an element (`api_keys.0`) or a component that is not a mapping
-        return ConfigError(key, first.get("input"), allowed)
+        return _error(key, first.get("input"), allowed)
     field = field_info(key)
     args = get_args(field.annotation)
     literals = [a for a in args if isinstance(a, str)]
@@ -325,7 +341,7 @@ def _format_error(err: ValidationError, data: Mapping[str, Any]) -> ConfigError:
         allowed += ", ".join(choices)
     elif field.description:
         allowed = f"{allowed} ({field.description})"
-    return ConfigError(key, _given(data, key), allowed)
+    return _error(key, _given(data, key), allowed)
 
 
 def build_config(

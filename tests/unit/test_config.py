@@ -23,6 +23,7 @@ from pflash.config import (
     config_table,
     load_config,
 )
+from pflash.config.model import SECRETS
 from pflash.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -283,6 +284,9 @@ LAYOUT = {
     },
     "security": {
         "api_keys": [],
+        "anonymous_tenant": "local",
+        "trusted_proxies": [],
+        "tenant_secret": None,
     },
 }
 
@@ -409,6 +413,9 @@ SAMPLES = [
     ("trace_path", "/tmp/t.jsonl", "/tmp/t.jsonl", "/tmp/t.jsonl"),
     ("view_trace_path", "/tmp/v.jsonl", "/tmp/v.jsonl", "/tmp/v.jsonl"),
     ("api_keys", ["key-one-1", "key-two-2"], "key-one-1, key-two-2", ("key-one-1", "key-two-2")),
+    ("anonymous_tenant", "per_address", "per_address", "per_address"),
+    ("trusted_proxies", ["10.0.0.0/8", "::1"], "10.0.0.0/8 ::1", ("10.0.0.0/8", "::1")),
+    ("tenant_secret", "a-server-secret", "a-server-secret", "a-server-secret"),
 ]
 NEEDS = {  # the cross-field checks
     "target_backend": {"upstream_base_url": "http://u:8001/v1"},
@@ -710,6 +717,70 @@ def test_empty_or_short_api_keys_are_refused_at_load(keys):
     with pytest.raises(ConfigError) as err:
         build_config({"api_keys": keys}, env={})
     assert err.value.key == "api_keys" and "at least 8" in str(err.value)
+
+
+SECRET = "sk-live-0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"api_keys": [SECRET, "short"]},
+        {"api_keys": [SECRET, f" {SECRET} "]},
+        {"api_keys": SECRET},  # a string, not a list
+        {"api_keys": [SECRET, 12345678]},  # an element of the wrong type
+        {"security": {"api_keys": [SECRET, ""]}},
+        {"tenant_secret": SECRET[:3]},
+        {"tenant_secret": 12345, "api_keys": [SECRET]},
+        {"upstream_api_key": 12345, "api_keys": [SECRET]},
+        {"api_key": SECRET},  # a misspelt secret is an unknown key
+        {"security": {"api_key": SECRET}},
+    ],
+)
+def test_no_config_error_shows_a_secret(data):
+    """`invalid config api_keys=['sk-live-…', 'short']` once went to `serve status`."""
+    with pytest.raises(ConfigError) as err:
+        build_config(data, env={})
+    for text in (str(err.value), repr(err.value.value), err.value.message):
+        assert SECRET not in text and SECRET[:8] not in text and "12345" not in text
+    assert "<redacted>" in str(err.value)
+
+
+def test_a_secret_from_the_environment_is_not_shown_either():
+    with pytest.raises(ConfigError) as err:
+        build_config(env={"PFLASH_API_KEYS": f"{SECRET} short"})
+    assert err.value.key == "api_keys" and SECRET[:8] not in str(err.value)
+
+
+def test_the_config_repr_shows_no_secret():
+    cfg = build_config(
+        {"api_keys": [SECRET], "upstream_api_key": SECRET + "-up", "tenant_secret": SECRET + "-t"},
+        env={},
+    )
+    for text in (repr(cfg), str(cfg), repr(cfg.security), repr(cfg.generation)):
+        assert SECRET[:8] not in text
+    assert SECRETS == {"api_keys", "upstream_api_key", "tenant_secret"}
+
+
+def test_a_key_with_surrounding_whitespace_is_refused_without_showing_it():
+    """A Bearer token is stripped, so such a key could never authenticate."""
+    with pytest.raises(ConfigError) as err:
+        build_config({"api_keys": ["a-good-key-1", "a-good-key-2\n"]}, env={})
+    assert err.value.key == "api_keys" and "key #2" in str(err.value)
+    assert "whitespace" in str(err.value) and "a-good-key" not in str(err.value)
+
+
+@pytest.mark.parametrize("net", ["10.0.0.0/33", "proxy.example", "", "10.0.0.1/8/8"])
+def test_a_trusted_proxy_that_is_no_network_is_refused(net):
+    with pytest.raises(ConfigError) as err:
+        build_config({"trusted_proxies": [net]}, env={})
+    assert err.value.key == "trusted_proxies" and "CIDR" in str(err.value)
+
+
+def test_an_unknown_anonymous_policy_names_the_choices():
+    with pytest.raises(ConfigError) as err:
+        build_config({"anonymous_tenant": "open"}, env={})
+    assert "local, per_address, shared, refuse" in str(err.value)
 
 
 # ------------------------------------------------------------- evidence weights (issue 18)
