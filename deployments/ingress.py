@@ -43,8 +43,15 @@ from pflash.config import PFlashConfig, build_config
 from pflash.errors import CompressionFailed, PFlashError, StageUnavailable
 from pflash.models.source import load_tokenizer
 from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta
-from pflash.tenants import tenant_for
-from pflash.trace import TraceWriter
+from pflash.tenants import (
+    Tenant,
+    check_return_prompt,
+    is_private,
+    public_usage,
+    tenant_for,
+    tenant_policy,
+)
+from pflash.trace import TraceWriter, trace_tenant
 
 log = logging.getLogger("ray.serve")
 
@@ -55,6 +62,19 @@ READY_TIMEOUT_S = 5.0  # /readyz: how long each deployment has to answer
 
 async def _awaited(call: Any) -> Any:
     return await call
+
+
+def _http_host() -> str | None:
+    """The host Serve's HTTP proxies listen on, None when it cannot be told (then an
+    anonymous `local` policy refuses to start). Serve offers it only on its controller
+    client."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        return _get_global_client().http_config.host
+    except Exception as exc:
+        log.warning("the HTTP host could not be read: %s", type(exc).__name__)
+        return None
 
 
 # redirect_slashes off: a trailing slash is a 404 in the envelope, not a 307 to follow
@@ -191,6 +211,7 @@ class Ingress:
     ):
         self._base = dict(config)
         self.config: PFlashConfig = build_config(self._base)
+        self.tenants = tenant_policy(self.config.security, _http_host())
         self.target_tokenizer = load_tokenizer(self.config.target_tokenizer or self.config.target)
         self.drafter_tokenizer = load_tokenizer(
             self.config.drafter_tokenizer or self.config.drafter
@@ -218,6 +239,7 @@ class Ingress:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Apply `user_config` live: every PFlash knob, validated like at startup."""
         self.config = build_config({**self._base, **(user_config or {})})
+        self.tenants = tenant_policy(self.config.security, _http_host())
         if self.config.trace_path != self.trace.path:
             self.trace.close()
             self.trace = TraceWriter(self.config.trace_path)
@@ -287,10 +309,11 @@ class Ingress:
         return await self._serve(request, "completion")
 
     # ------------------------------------------------------------------ request flow
-    def _authorize(self, request: Request) -> str:
+    def _authorize(self, request: Request) -> Tenant:
         """The request's tenant (`pflash.tenants.tenant_for`); a 401 when keys do not match."""
-        client = request.client.host if request.client else None
-        return tenant_for(self.config.api_keys, request.headers.get("authorization"), client)
+        peer = request.client.host if request.client else None
+        forwarded = ",".join(request.headers.getlist("x-forwarded-for"))
+        return tenant_for(self.tenants, request.headers.get("authorization"), peer, forwarded)
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.config.max_body_bytes
@@ -311,6 +334,7 @@ class Ingress:
         rid = "req-" + uuid.uuid4().hex[:16]
         try:
             tenant = self._authorize(request)
+            trace_tenant(tenant.id)  # this request's task: its trace lines name it
             body = await self._read_body(request)
             req = (
                 api.parse_chat_request(body)
@@ -319,6 +343,7 @@ class Ingress:
             )
             config = self.config
             req.check_allowed(config)
+            check_return_prompt(tenant, req.pflash_return_prompt)
             config = config.with_request_overrides(
                 mode=req.pflash_mode, keep_ratio=req.pflash_keep_ratio
             )
@@ -329,7 +354,7 @@ class Ingress:
             self.metrics.record("pflash_errors", stage="request")
             return error_json(exc, rid)
         deadline = asyncio.get_running_loop().time() + config.request_timeout_s
-        job = compression_request(req, prompt, config, tenant)
+        job = compression_request(req, prompt, config, tenant.id)
         key = job.conversation
         meta = api.ResponseMeta.new(req.model or config.served_model_names[0], kind)
         headers = {"x-pflash-replica": self.replica, "x-request-id": rid}
@@ -454,6 +479,7 @@ class Ingress:
             elif isinstance(event, GenerationDone):
                 done = event
         usage = self._account(kind, compressed, done, ttft, started, session=req.session_id and key)
+        usage = public_usage(usage, is_private(tenant_of(key)))
         prompt = compressed.served_text if req.pflash_return_prompt else None
         content, calls = api.split_tool_calls("".join(text), self._callable(req, kind))
         body = (
@@ -540,6 +566,7 @@ class Ingress:
         usage = self._account(
             kind, compressed, done_event, ttft, started, session=req.session_id and key
         )
+        usage = public_usage(usage, is_private(tenant_of(key)))
         if req.include_usage:
             chunk = (
                 api.chat_usage_chunk(meta, usage)
