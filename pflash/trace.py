@@ -11,10 +11,17 @@ Records are frozen dataclasses whose JSON form is exactly the reference's field 
 ids and spans in a `SelectionTrace` are **drafter** tokens; spans are written as `[b, e]`
 lists; chunk scores are Python floats (IEEE doubles), written with `repr` precision so they
 read back bit-exact.
+
+Each line also names the request's `tenant` (the tenant id, never a key): the writer reads it
+from `TRACE_TENANT`, which the ingress sets for the request's task (a context variable, so
+the pipeline that writes the record needs no tenant argument). A trace holds prompts' token
+ids: the file is created 0600, and past `max_bytes` it is rotated to `<path>.1` (one
+previous file kept), so a busy server cannot fill its disk with traces.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -22,6 +29,7 @@ import os
 import queue
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -34,6 +42,17 @@ SCHEMA_STRICT = 3
 SCHEMA_LEGACY = 1
 VIEW_SCHEMA = 1
 QUEUE_SIZE = 1024
+MAX_BYTES = 256 << 20  # a trace file past this is rotated to `<path>.1`
+FILE_MODE = 0o600
+
+TRACE_TENANT: ContextVar[str | None] = ContextVar("pflash_trace_tenant", default=None)
+"""The tenant id of the request whose records are written now (`trace_tenant`)."""
+
+
+def trace_tenant(tenant_id: str) -> None:
+    """Name `tenant_id` on the trace lines the current task (and the tasks and threads it
+    starts from now on) writes: the ingress calls it once per request."""
+    TRACE_TENANT.set(tenant_id)
 
 
 def _ints(values: Iterable[Any]) -> tuple[int, ...]:
@@ -223,15 +242,19 @@ def _require_keys(cls: type, obj: Mapping[str, Any]) -> None:
 
 
 def parse_trace(obj: Mapping[str, Any]) -> TraceRecord:
-    """A JSON object from a trace file as its record type (view traces carry served_text)."""
+    """A JSON object from a trace file as its record type (view traces carry served_text);
+    the line's `tenant` is not part of the record."""
+    obj = {k: v for k, v in obj.items() if k != "tenant"}
     if "served_text" in obj:
         return ViewTrace.from_json(obj)
     return SelectionTrace.from_json(obj)
 
 
-def trace_line(record: TraceRecord) -> str:
-    """One JSONL line (with its newline). Raises on values JSON cannot hold."""
-    return json.dumps(record.to_json(), ensure_ascii=False, allow_nan=False) + "\n"
+def trace_line(record: TraceRecord, tenant: str | None = None) -> str:
+    """One JSONL line (with its newline), `tenant` first when given. Raises on values JSON
+    cannot hold."""
+    obj = record.to_json() if tenant is None else {"tenant": tenant, **record.to_json()}
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 def read_traces(path: str | os.PathLike, *, skip_bad: bool = False) -> list[TraceRecord]:
@@ -262,6 +285,9 @@ _STOP = object()
 class TraceWriter:
     """Appends one JSON line per record to `path`; off (a no-op) when `path` is None.
 
+    The file is created with mode 0600 (an older file is narrowed to it); once it holds
+    `max_bytes` it is renamed to `<path>.1` (replacing the one before) and a new file begun.
+
     Contract: `write` never blocks and never raises. It enqueues the record on a bounded
     queue (`queue_size`); when the queue is full the record is dropped and counted in
     `dropped`. A daemon thread serialises and appends; a failure (unwritable path,
@@ -273,8 +299,15 @@ class TraceWriter:
     drain (tests, shutdown); `close` drains and stops the thread.
     """
 
-    def __init__(self, path: str | os.PathLike | None, *, queue_size: int = QUEUE_SIZE):
+    def __init__(
+        self,
+        path: str | os.PathLike | None,
+        *,
+        queue_size: int = QUEUE_SIZE,
+        max_bytes: int = MAX_BYTES,
+    ):
         self.path = None if path is None else Path(path)
+        self.max_bytes = max_bytes
         self.written = 0
         self.failed_writes = 0
         self.dropped = 0
@@ -297,7 +330,7 @@ class TraceWriter:
         if not self.enabled:
             return False
         try:
-            self._queue.put_nowait(record)
+            self._queue.put_nowait((record, TRACE_TENANT.get()))
         except queue.Full:
             with self._lock:
                 self.dropped += 1
@@ -347,19 +380,19 @@ class TraceWriter:
             if batch[-1] is _STOP:
                 return
 
-    def _append(self, records: Sequence[TraceRecord]) -> None:
+    def _append(self, records: Sequence[tuple[TraceRecord, str | None]]) -> None:
         if not records:
             return
         lines: list[bytes] = []
-        for record in records:
+        for record, tenant in records:
             try:
-                lines.append(trace_line(record).encode("utf-8"))
+                lines.append(trace_line(record, tenant).encode("utf-8"))
             except (TypeError, ValueError, AttributeError) as err:
                 self._failed(1, f"record not serialisable: {err}")
         if not lines:
             return
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = self._open()
         except OSError as err:
             self._failed(len(lines), str(err))
             return
@@ -377,6 +410,22 @@ class TraceWriter:
                     self.written += 1
         finally:
             os.close(fd)
+
+    def _open(self) -> int:
+        """The trace file for appending, 0600, rotated first when it is full. Several
+        writers may rotate at once: a few lines can then land in the rotated file or be
+        lost with it, never torn."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        info = os.fstat(fd)
+        if info.st_size >= self.max_bytes:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):  # another writer rotated it
+                os.replace(self.path, f"{self.path}.1")
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        elif info.st_mode & 0o077:  # a file written before traces were private
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, FILE_MODE)
+        return fd
 
     def _failed(self, n: int, reason: str) -> None:
         with self._lock:

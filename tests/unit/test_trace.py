@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
+import stat
 import threading
 
 import numpy as np
@@ -17,6 +19,7 @@ from pflash.trace import (
     ViewTrace,
     read_traces,
     trace_line,
+    trace_tenant,
 )
 
 SCORES = (0.1, 1 / 3, 2.0**-1074, 1.7976931348623157e308, float(np.float32(0.7)), -2.5)
@@ -275,3 +278,55 @@ def test_closed_writer_ignores_writes(tmp_path):
     writer.close()
     assert writer.write(view_trace()) is False
     assert len(read_traces(path)) == 1
+
+
+# --------------------------------------------------------------------------- privacy
+
+
+def test_a_trace_file_is_readable_by_its_owner_only(tmp_path):
+    """Traces hold every tenant's prompt token ids: they were created 0644."""
+    path = tmp_path / "t.jsonl"
+    written(path, [strict_trace()]).close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    older = tmp_path / "older.jsonl"
+    older.write_text("")
+    older.chmod(0o644)
+    written(older, [strict_trace()]).close()
+    assert stat.S_IMODE(older.stat().st_mode) == 0o600
+
+
+def test_each_line_names_the_tenant_of_the_request_that_wrote_it(tmp_path):
+    path = tmp_path / "t.jsonl"
+    writer = TraceWriter(path)
+
+    async def request(tenant: str, ratio: float) -> None:
+        trace_tenant(tenant)  # as the ingress does, once per request task
+        # the pipeline writes from a worker thread (the ingress offloads it)
+        await asyncio.to_thread(writer.write, strict_trace(keep_ratio=ratio))
+
+    async def both() -> None:
+        await asyncio.gather(request("key-aaa", 0.25), request("anon-bbb", 0.5))
+
+    asyncio.run(both())
+    writer.write(view_trace())  # outside any request: no tenant
+    assert writer.flush()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    tenants = {line["keep_ratio"]: line["tenant"] for line in lines if "keep_ratio" in line}
+    assert tenants == {0.25: "key-aaa", 0.5: "anon-bbb"}
+    assert "tenant" not in lines[-1]
+    assert [type(r) for r in read_traces(path)] == [SelectionTrace, SelectionTrace, ViewTrace]
+
+
+def test_a_full_trace_file_is_rotated_keeping_one_previous_file(tmp_path):
+    path = tmp_path / "t.jsonl"
+    line = len(trace_line(strict_trace()).encode())
+    writer = TraceWriter(path, max_bytes=3 * line)
+    for _ in range(8):
+        writer.write(strict_trace())
+        assert writer.flush()
+    writer.close()
+    rotated = tmp_path / "t.jsonl.1"
+    assert path.stat().st_size <= 3 * line and rotated.stat().st_size <= 3 * line
+    assert len(read_traces(path)) + len(read_traces(rotated)) >= 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl", "t.jsonl.1"]
+    assert stat.S_IMODE(rotated.stat().st_mode) == 0o600
