@@ -651,3 +651,116 @@ def test_dockerignore_keeps_only_what_the_image_copies():
     )
     sources = {s for group in copied for s in group.split()}
     assert "*" in lines and sources == allowed
+
+
+# ===================================================================== tests: security
+def containers() -> dict[str, dict]:
+    return {
+        group: template["spec"]["containers"][0]
+        for group, (_, template) in pod_templates(rayservice()).items()
+    }
+
+
+@pytest.mark.parametrize("group", ["head", "drafter", "target"])
+def test_api_keys_come_from_a_secret_and_serve_keeps_the_real_peer(group):
+    env = {e["name"]: e for e in containers()[group]["env"]}
+    keys = env["PFLASH_API_KEYS"]
+    assert "value" not in keys
+    assert keys["valueFrom"]["secretKeyRef"] == {"name": "pflash-api-keys", "key": "api-keys"}
+    secret = env["PFLASH_TENANT_SECRET"]["valueFrom"]["secretKeyRef"]
+    assert secret["name"] == "pflash-api-keys" and secret["optional"] is True
+    assert env["FORWARDED_ALLOW_IPS"]["value"] == ""
+
+
+def test_the_cluster_app_starts_only_with_the_secrets_keys():
+    """The manifest listens on 0.0.0.0 and once shipped without keys: every client address
+    (or, behind the load balancer, every user) was a tenant anyone could claim."""
+    from pflash.config import build_config
+    from pflash.errors import ConfigError
+    from pflash.tenants import tenant_policy
+
+    cfg = serve_config_v2(rayservice())
+    (app,) = cfg["applications"]
+    host = cfg["http_options"]["host"]
+    assert not {"api_keys", "anonymous_tenant", "tenant_secret"} & set(app["args"])
+    with pytest.raises(ConfigError) as err:
+        tenant_policy(build_config(app["args"], env={}).security, host)
+    assert err.value.key == "anonymous_tenant"
+    keyed = build_config(app["args"], env={"PFLASH_API_KEYS": "a-long-key-1,a-long-key-2"})
+    assert len(tenant_policy(keyed.security, host).keys) == 2
+
+
+@pytest.mark.parametrize("group", ["head", "drafter", "target"])
+def test_every_ray_pod_runs_unprivileged(group):
+    _, template = pod_templates(rayservice())[group]
+    pod = template["spec"]["securityContext"]
+    assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = containers()[group]["securityContext"]
+    assert container["allowPrivilegeEscalation"] is False
+    assert container["capabilities"] == {"drop": ["ALL"]}
+    assert container.get("privileged", False) is False and container["runAsNonRoot"] is True
+
+
+def network_policy() -> dict:
+    (policy,) = load_yaml_docs(K8S / "networkpolicy.yaml")
+    return policy
+
+
+def _matches(selector: dict, labels: dict) -> bool:
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+def may_connect(policy: dict, port: int, source: tuple[dict, dict, bool] | None) -> bool:
+    """Whether `source` may open `port` on a pod `policy` selects: NetworkPolicy semantics
+    for `from` peers with pod and namespace selectors. `source` is (pod labels, namespace
+    labels, in the policy's namespace), or None for a client outside the cluster."""
+    for rule in policy["spec"]["ingress"]:
+        if rule.get("ports") and port not in {p["port"] for p in rule["ports"]}:
+            continue
+        peers = rule.get("from")
+        if not peers:
+            return True
+        for peer in peers:
+            if source is None or "ipBlock" in peer:
+                continue
+            labels, namespace_labels, same_namespace = source
+            if "namespaceSelector" in peer:
+                in_namespace = _matches(peer["namespaceSelector"], namespace_labels)
+            else:
+                in_namespace = same_namespace
+            if in_namespace and _matches(peer.get("podSelector", {}), labels):
+                return True
+    return False
+
+
+RAY_PORTS = (6379, 8265, 10001, 52365, 44217, 44227, 8076, 8077, 10002, 19999)
+CLUSTER_POD = ({"pflash/service": "pflash", "ray.io/node-type": "worker"}, {}, True)
+OTHER_POD = ({"app": "web"}, {}, True)
+OPERATOR = ({"app.kubernetes.io/name": "kuberay-operator"}, {"name": "ray-system"}, False)
+
+
+def test_network_policy_selects_every_ray_pod_for_ingress():
+    policy = network_policy()
+    assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    for _, template in pod_templates(rayservice()).values():
+        assert _matches(policy["spec"]["podSelector"], template["metadata"]["labels"])
+
+
+@pytest.mark.parametrize("source", [None, OTHER_POD, OPERATOR], ids=["outside", "pod", "operator"])
+def test_only_serve_and_metrics_are_open_beyond_the_ray_cluster(source):
+    policy = network_policy()
+    assert may_connect(policy, 8000, source) and may_connect(policy, 8080, source)
+    closed = [p for p in RAY_PORTS if p != 8265 or source is not OPERATOR]
+    assert [p for p in closed if may_connect(policy, p, source)] == []
+    declared = {p["containerPort"] for c in containers().values() for p in c["ports"]}
+    assert [p for p in declared - {8000, 8080} if may_connect(policy, p, source)] == (
+        [8265] if source is OPERATOR else []
+    )
+
+
+def test_the_ray_cluster_pods_reach_each_other_on_every_port():
+    policy = network_policy()
+    assert all(may_connect(policy, p, CLUSTER_POD) for p in (*RAY_PORTS, 8000, 8080))
+    assert may_connect(policy, 8265, OPERATOR)
