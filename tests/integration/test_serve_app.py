@@ -107,6 +107,8 @@ def _config(tmp: Path, port: int) -> Path:
         # answered 10/10 full, 9/10 without cuts, 8/10 with them (BENCHMARKS.md): what this
         # app checks is the cross-vocabulary mapping, so it serves chunks and segments whole
         select_passage_cuts=False,
+        # keyless on loopback (anonymous_tenant: local); its trace names each request's tenant
+        trace_path=str(tmp / "xv_trace.jsonl"),
     )
 
     base["applications"] = [main, gw2, xv]
@@ -546,6 +548,58 @@ def test_semantic_evidence_keeps_the_fact_a_paraphrased_question_asks_for(server
     served = r.model_extra["pflash_prompt"]
     assert fact in served and served.rstrip().endswith("Answer:")
     assert stats["compressed_tokens"] < 0.25 * r.usage.prompt_tokens
+
+
+def test_a_forged_forwarded_for_never_chooses_the_tenant(cluster, server):
+    """Serve's proxy trusts X-Forwarded-For from loopback: `X-Forwarded-For: 10.0.0.7` once
+    made any caller the tenant of 10.0.0.7. On the keyless `xv` app (anonymous_tenant: local)
+    the caller without the header is its own private tenant; with a forged header it is
+    neither that nor the named address's tenant, whichever address it names, and it is not
+    shown the served prompt. The trace names each request's tenant."""
+    from pflash.config import build_config
+    from pflash.tenants import tenant_for, tenant_policy
+
+    trace = Path(cluster.workdir) / "xv_trace.jsonl"
+    before = len(trace.read_text().splitlines()) if trace.exists() else 0
+    forged = ({}, {"X-Forwarded-For": "10.0.0.7"}, {"X-Forwarded-For": "10.0.0.8, 10.0.0.9"})
+    for i, headers in enumerate(forged):
+        body = {
+            "model": "pflash",
+            # a different start each time: a fresh selection (and trace line) per request
+            "prompt": f"Request {i}. Answer from the passage.\n\n"
+            + _document(4000)
+            + f"\n\nQuestion: {QUESTION}\nAnswer:",
+            "max_tokens": 1,
+            "pflash_mode": "always",
+            "pflash_keep_ratio": 0.3,
+        }
+        r = httpx.post(f"{server}/xv/v1/completions", json=body, headers=headers, timeout=300)
+        assert r.status_code == 200, r.text
+        if headers:
+            asked = httpx.post(
+                f"{server}/xv/v1/completions",
+                json={**body, "pflash_return_prompt": True},
+                headers=headers,
+                timeout=60,
+            )
+            assert asked.status_code == 400 and asked.json()["error"]["param"] == (
+                "pflash_return_prompt"
+            )
+    deadline = time.time() + 30
+    while len(trace.read_text().splitlines()) < before + 3:  # written off the request path
+        assert time.time() < deadline, "the trace lines did not arrive"
+        time.sleep(0.5)
+    own, *by_forgers = [
+        json.loads(line)["tenant"] for line in trace.read_text().splitlines()[before:]
+    ]
+    local = tenant_policy(build_config({}, env={}).security, "127.0.0.1")
+    assert own == tenant_for(local, None, "127.0.0.1").id
+    behind_proxy = tenant_policy(
+        build_config({"trusted_proxies": ["127.0.0.1/32"]}, env={}).security, "127.0.0.1"
+    )
+    named = {tenant_for(behind_proxy, None, "127.0.0.1", a).id for a in ("10.0.0.7", "10.0.0.9")}
+    assert by_forgers[0] == by_forgers[1] and own not in by_forgers
+    assert not named & set(by_forgers)
 
 
 # ----------------------------------------------------------------------------- metrics
