@@ -36,6 +36,8 @@ ANTHROPIC_TOOL = {
     "input_schema": tool_chat.WEATHER_TOOL["function"]["parameters"],
 }
 RESPONSES_TOOL = {"type": "function", **tool_chat.WEATHER_TOOL["function"]}
+# the anthropic SDK (2.x) has no sampling parameters: greedy decoding goes in the body
+GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +96,8 @@ def _anthropic_tool_chat(city: str) -> tuple[str, list[dict]]:
 def test_messages_create_answers_with_anthropic_usage_and_pflash_stats(claude):
     with_raw = claude.messages.with_raw_response.create(
         model="pflash",
+        extra_body=GREEDY,
         max_tokens=12,
-        temperature=0,
-        system=[
-            {"type": "text", "text": "Answer briefly.", "cache_control": {"type": "ephemeral"}}
-        ],
         messages=[{"role": "user", "content": "What is the capital of France?"}],
     )
     message = with_raw.parse()
@@ -117,8 +116,8 @@ def test_messages_create_answers_with_anthropic_usage_and_pflash_stats(claude):
 def test_messages_stream_sends_the_documented_events(claude):
     with claude.messages.stream(
         model="pflash",
+        extra_body=GREEDY,
         max_tokens=12,
-        temperature=0,
         messages=[{"role": "user", "content": "What is the capital of France?"}],
     ) as stream:
         kinds = [event.type for event in stream]
@@ -131,14 +130,15 @@ def test_messages_stream_sends_the_documented_events(claude):
 
 def test_a_tool_use_answer_and_a_tool_result_turn(claude):
     system, messages = _anthropic_tool_chat("Paris")
+    # system as a text block with cache_control (accepted, ignored): the same prompt
+    blocks = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
     message = claude.messages.create(
         model="pflash",
         max_tokens=40,
-        temperature=0,
-        system=system,
+        system=blocks,
         messages=messages,
         tools=[ANTHROPIC_TOOL],
-        extra_body={"pflash_mode": "off"},
+        extra_body={**GREEDY, "pflash_mode": "off"},
     )
     assert message.stop_reason == "tool_use", message
     (call,) = [b for b in message.content if b.type == "tool_use"]
@@ -147,7 +147,6 @@ def test_a_tool_use_answer_and_a_tool_result_turn(claude):
     follow = claude.messages.create(
         model="pflash",
         max_tokens=20,
-        temperature=0,
         system=system,
         messages=[
             *messages,
@@ -163,7 +162,7 @@ def test_a_tool_use_answer_and_a_tool_result_turn(claude):
             },
         ],
         tools=[ANTHROPIC_TOOL],
-        extra_body={"pflash_mode": "off"},
+        extra_body={**GREEDY, "pflash_mode": "off"},
     )
     assert follow.stop_reason in ("end_turn", "max_tokens", "tool_use")
     assert follow.content and follow.usage.output_tokens > 0
@@ -174,11 +173,10 @@ def test_a_streamed_tool_use_arrives_as_input_json(claude):
     with claude.messages.stream(
         model="pflash",
         max_tokens=40,
-        temperature=0,
         system=system,
         messages=messages,
         tools=[ANTHROPIC_TOOL],
-        extra_body={"pflash_mode": "off"},
+        extra_body={**GREEDY, "pflash_mode": "off"},
     ) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_message()
@@ -192,9 +190,9 @@ def test_a_long_document_is_compressed_through_messages(claude):
     message = claude.messages.create(
         model="pflash",
         max_tokens=16,
-        temperature=0,
         messages=[{"role": "user", "content": _document(5000) + "\n\n" + QUESTION}],
         extra_body={
+            **GREEDY,
             "pflash_mode": "always",
             "pflash_keep_ratio": 0.2,
             "pflash_return_prompt": True,
@@ -214,7 +212,6 @@ def test_a_long_document_is_compressed_through_messages(claude):
 def test_responses_create_whole_and_streamed(openai_client):
     response = openai_client.responses.create(
         model="pflash",
-        instructions="Answer briefly.",
         input="What is the capital of France?",
         max_output_tokens=12,
         temperature=0,
@@ -228,7 +225,6 @@ def test_responses_create_whole_and_streamed(openai_client):
     events = list(
         openai_client.responses.create(
             model="pflash",
-            instructions="Answer briefly.",
             input="What is the capital of France?",
             max_output_tokens=12,
             temperature=0,
@@ -356,8 +352,7 @@ def test_the_same_conversation_serves_the_same_compressed_prompt_on_every_api(
         system="Answer from the document.",
         messages=[{"role": "user", "content": document + "\n\n" + QUESTION}],
         max_tokens=4,
-        temperature=0,
-        extra_body={**pflash, "session_id": "same-messages"},
+        extra_body={**GREEDY, **pflash, "session_id": "same-messages"},
     )
     response = openai_client.responses.create(
         model="pflash",
