@@ -8,7 +8,9 @@ It carries; `pflash` decides. Per request:
 
 The Compressor reaches the DrafterScorer, SegmentProbe and SessionStore through the small
 adapters below (Ray handles as async callables). Errors map to the OpenAI envelope in one
-place (`pflash.api.error_response`).
+place (`pflash.api.error_response`). `/v1/messages` (Anthropic) and `/v1/responses` run the
+same flow: their request becomes a chat request at the edge, and the answer and errors are
+translated back (`pflash.api.messages`, `pflash.api.responses_api`).
 """
 
 import asyncio
@@ -108,9 +110,29 @@ def error_envelope(
     return status, body, headers
 
 
-def error_json(exc: BaseException, request_id: str | None = None) -> JSONResponse:
+def error_json(
+    exc: BaseException, request_id: str | None = None, edge: api.Edge | None = None
+) -> JSONResponse:
+    """The error response; in the shape of `edge`'s API when the request came through one."""
     status, body, headers = error_envelope(exc, request_id)
+    if edge is not None:
+        body = edge.error(status, body)
+        if edge.id_header and request_id:
+            headers[edge.id_header] = request_id
     return JSONResponse(body, status_code=status, headers=headers or None)
+
+
+def _with_api_key(request: Request) -> Request:
+    """Anthropic clients send their key as `x-api-key`; the tenant check reads
+    `Authorization`, so the key is handed to it as a bearer token (an `Authorization` header
+    the client sent wins)."""
+    key = request.headers.get("x-api-key")
+    if key is None or "authorization" in request.headers:
+        return request
+    scope = dict(request.scope)
+    bearer = ("Bearer " + key).encode("latin-1")
+    scope["headers"] = [*request.scope["headers"], (b"authorization", bearer)]
+    return Request(scope, request.receive)
 
 
 def _framework_error(status: int, message: str, code: str) -> JSONResponse:
@@ -308,6 +330,16 @@ class Ingress:
     async def completions(self, request: Request):
         return await self._serve(request, "completion")
 
+    @app.post("/v1/messages")
+    async def messages(self, request: Request):
+        """Anthropic Messages, served by the chat flow (`pflash.api.messages`)."""
+        return await self._serve(_with_api_key(request), "chat", api.messages.EDGE)
+
+    @app.post("/v1/responses")
+    async def responses(self, request: Request):
+        """OpenAI Responses, served by the chat flow (`pflash.api.responses_api`)."""
+        return await self._serve(request, "chat", api.responses_api.EDGE)
+
     # ------------------------------------------------------------------ request flow
     def _authorize(self, request: Request) -> Tenant:
         """The request's tenant (`pflash.tenants.tenant_for`); a 401 when keys do not match."""
@@ -327,20 +359,27 @@ class Ingress:
                 raise _too_large(limit)
         return body
 
-    async def _serve(self, request: Request, kind: str):
+    async def _serve(self, request: Request, kind: str, edge: api.Edge | None = None):
         """auth → parse → render → compress → stream (or one response), within the
-        server's deadline (`request_timeout_s`, whatever the client's headers say)."""
+        server's deadline (`request_timeout_s`, whatever the client's headers say). An
+        `edge` API's request runs as its chat request; its answer and errors are translated
+        back (`pflash.api.edge`)."""
         started = time.perf_counter()
         rid = "req-" + uuid.uuid4().hex[:16]
+        exchange = None
         try:
             tenant = self._authorize(request)
             trace_tenant(tenant.id)  # this request's task: its trace lines name it
             body = await self._read_body(request)
-            req = (
-                api.parse_chat_request(body)
-                if kind == "chat"
-                else api.parse_completion_request(body)
-            )
+            if edge is not None:
+                exchange = edge.parse(body)
+                req = exchange.chat
+            else:
+                req = (
+                    api.parse_chat_request(body)
+                    if kind == "chat"
+                    else api.parse_completion_request(body)
+                )
             config = self.config
             req.check_allowed(config)
             check_return_prompt(tenant, req.pflash_return_prompt)
@@ -352,12 +391,14 @@ class Ingress:
             check_prompt_limit(prompt, config)
         except Exception as exc:  # validation and rendering errors: 4xx before any model runs
             self.metrics.record("pflash_errors", stage="request")
-            return error_json(exc, rid)
+            return error_json(exc, rid, edge)
         deadline = asyncio.get_running_loop().time() + config.request_timeout_s
         job = compression_request(req, prompt, config, tenant.id)
         key = job.conversation
         meta = api.ResponseMeta.new(req.model or config.served_model_names[0], kind)
         headers = {"x-pflash-replica": self.replica, "x-request-id": rid}
+        if edge is not None and edge.id_header:
+            headers[edge.id_header] = rid
         compression = asyncio.ensure_future(self.compressor.run(job))
 
         def stream(*, keepalive: bool) -> StreamingResponse:
@@ -373,7 +414,8 @@ class Ingress:
                 rid,
                 keepalive=keepalive,
             )
-            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+            frames = exchange.stream(events) if exchange else api.chat_frames(events)
+            return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
 
         if req.stream:
             done, _ = await asyncio.wait({compression}, timeout=KEEPALIVE_AFTER_S)
@@ -384,16 +426,19 @@ class Ingress:
                 served = await compression
         except Exception as exc:
             compression.cancel()
-            return error_json(exc, rid)
+            return error_json(exc, rid, edge)
         if req.stream:
             return stream(keepalive=False)
         try:
             async with asyncio.timeout_at(deadline):
-                body = await self._respond(req, kind, meta, served, params, key, started)
-            return JSONResponse(body, headers=headers)
+                response = await self._respond(req, kind, meta, served, params, key, started)
+            if exchange is None:
+                return JSONResponse(response.model_dump(mode="json"), headers=headers)
+            body, extra = exchange.respond(response)
+            return JSONResponse(body, headers={**headers, **extra})
         except Exception as exc:
             self.metrics.record("pflash_errors", stage="target")
-            return error_json(exc, rid)
+            return error_json(exc, rid, edge)
 
     def _callable(self, req, kind: str) -> frozenset[str]:
         """The functions whose hermes-format calls in the answer become `tool_calls`."""
@@ -467,7 +512,7 @@ class Ingress:
                 raise StageUnavailable("target", TimeoutError(f"no event for {gap_s} s")) from None
             yield event
 
-    async def _respond(self, req, kind, meta, served: Served, params, key, started) -> dict:
+    async def _respond(self, req, kind, meta, served: Served, params, key, started):
         text: list[str] = []
         done: GenerationDone | None = None
         ttft = None
@@ -496,11 +541,11 @@ class Ingress:
                 meta, "".join(text), done.finish_reason, usage, pflash_prompt=prompt
             )
         )
-        return body.model_dump(mode="json")
+        return body
 
     async def _stream(
         self, req, kind, meta, compression, params, key, started, deadline, rid, *, keepalive: bool
-    ) -> AsyncIterator[str]:
+    ) -> AsyncIterator[api.ChatStreamItem]:
         try:
             async with asyncio.timeout_at(deadline):
                 async for event in self._events(
@@ -512,13 +557,14 @@ class Ingress:
             raise
         except Exception as exc:  # headers are sent: report in-band, then end the stream
             compression.cancel()
-            yield api.sse_event(error_envelope(exc, rid)[1])
-            yield api.SSE_DONE
+            status, body, _ = error_envelope(exc, rid)
+            yield api.StreamError(status, body)
 
     async def _events(
         self, req, kind, meta, compression, params, key, started, *, keepalive: bool
-    ) -> AsyncIterator[str]:
-        """The stream's events: keep-alives while compressing, the answer, usage, [DONE]."""
+    ) -> AsyncIterator[api.ChatStreamItem]:
+        """The stream's items, framed by the caller: keep-alives while compressing, the
+        answer's chunks, usage."""
         if keepalive:
             while True:
                 done, _ = await asyncio.wait({compression}, timeout=KEEPALIVE_EVERY_S)
@@ -529,9 +575,7 @@ class Ingress:
         compressed = served.compressed
         prompt = compressed.served_text if req.pflash_return_prompt else None
         if kind == "chat":
-            yield api.sse_event(
-                api.chat_chunk(meta, role="assistant", content="", pflash_prompt=prompt)
-            )
+            yield api.chat_chunk(meta, role="assistant", content="", pflash_prompt=prompt)
         ttft = None
         done_event: GenerationDone | None = None
         tools = api.ToolCallStream(self._callable(req, kind))  # holds back possible calls
@@ -545,16 +589,14 @@ class Ingress:
                         if kind == "chat"
                         else api.completion_chunk(meta, text)
                     )
-                    yield api.sse_event(chunk)
+                    yield chunk
             elif isinstance(event, GenerationDone):
                 done_event = event
         if done_event is None:
             raise CompressionFailed("target", "the target ended without finishing the generation")
         rest, calls = tools.finish()
         if rest or calls:
-            yield api.sse_event(
-                api.chat_chunk(meta, content=rest or None, tool_calls=api.with_index(calls))
-            )
+            yield api.chat_chunk(meta, content=rest or None, tool_calls=api.with_index(calls))
         final = (
             api.chat_chunk(meta, finish_reason=api.tool_finish(done_event.finish_reason, calls))
             if kind == "chat"
@@ -562,7 +604,7 @@ class Ingress:
                 meta, finish_reason=done_event.finish_reason, pflash_prompt=prompt
             )
         )
-        yield api.sse_event(final)
+        yield final
         usage = self._account(
             kind, compressed, done_event, ttft, started, session=req.session_id and key
         )
@@ -573,5 +615,4 @@ class Ingress:
                 if kind == "chat"
                 else api.completion_usage_chunk(meta, usage)
             )
-            yield api.sse_event(chunk)
-        yield api.SSE_DONE
+            yield chunk

@@ -1,11 +1,15 @@
 """The OpenAI surface: request models and parsing (`requests`), response shapes, usage and
-stats (`responses`), the error envelope and SSE framing (`envelope`).
+stats (`responses`), the error envelope and SSE framing (`envelope`); the APIs served by
+translation onto the chat flow (`edge`): Anthropic Messages (`messages`) and OpenAI
+Responses (`responses_api`).
 
 Callers use the package (`from pflash import api`; `api.parse_chat_request`, ...): these
 names are its public surface."""
 
 from __future__ import annotations
 
+from pflash.api import messages, responses_api
+from pflash.api.edge import ChatStreamItem, Edge, Exchange, StreamError, chat_frames
 from pflash.api.envelope import (
     SSE_DONE,
     SSE_KEEPALIVE,
@@ -64,6 +68,13 @@ from pflash.api.tool_calls import (
 )
 
 __all__ = [
+    "messages",
+    "responses_api",
+    "ChatStreamItem",
+    "Edge",
+    "Exchange",
+    "StreamError",
+    "chat_frames",
     "ToolCallStream",
     "split_tool_calls",
     "tool_finish",

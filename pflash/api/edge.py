@@ -1,0 +1,170 @@
+"""What an API served at the edge shares with the chat-completions flow.
+
+Every endpoint runs one flow: its request becomes a `ChatCompletionRequest`, which renders
+once, compresses, generates and reads tool calls exactly as `/v1/chat/completions` does.
+An API other than chat completions is a translation in and out (`pflash.api.messages`,
+`pflash.api.responses_api`): it parses its own body into an `Exchange`, and the exchange
+turns the chat flow's answer (one `ChatCompletionResponse`, or the stream of
+`ChatStreamItem`s) into that API's body or events. Errors reach it as the OpenAI envelope
+(`api.error_response`, the one mapping) and leave in the API's own shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from pflash.api.body import check_json_tree, load_json_body
+from pflash.api.envelope import SSE_DONE, sse_event
+from pflash.api.requests import ChatCompletionRequest, parse_chat_request
+from pflash.api.responses import ChatCompletionChunk, ChatCompletionResponse
+from pflash.errors import InvalidRequest
+
+# top-level fields an edge request passes to the chat request as they are, besides every
+# pflash_* field (an unknown one is a 400 there)
+PASSTHROUGH = ("session_id", "seed")
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class StreamError:
+    """A failure after a stream's headers were sent: the status it would have had and its
+    OpenAI error body. It is the stream's last item; the API reports it in-band."""
+
+    status: int
+    body: dict[str, Any]
+
+
+# what the chat flow streams: a keep-alive comment (`SSE_KEEPALIVE`, while compressing), a
+# chunk, or, last, the error that ended it
+ChatStreamItem = str | ChatCompletionChunk | StreamError
+
+
+class Exchange(Protocol):
+    """One request of an edge API, parsed: the chat request it runs as, and the way back."""
+
+    chat: ChatCompletionRequest
+
+    def respond(self, response: ChatCompletionResponse) -> tuple[dict[str, Any], dict[str, str]]:
+        """(body, extra headers) of the API's whole response."""
+
+    def stream(self, items: AsyncIterator[ChatStreamItem]) -> AsyncIterator[str]:
+        """The API's server-sent events, framed, for the chat flow's stream."""
+
+
+class Edge(Protocol):
+    """An API served by translation. `id_header` names the header that carries the request
+    id in that API (besides `x-request-id`), or is None."""
+
+    id_header: str | None
+
+    def parse(self, body: bytes | str | Mapping[str, Any]) -> Exchange:
+        """The request as an `Exchange`; `InvalidRequest` (a 400) naming the bad field."""
+
+    def error(self, status: int, body: dict[str, Any]) -> dict[str, Any]:
+        """The OpenAI error body of a `status` response in this API's own shape."""
+
+
+async def chat_frames(items: AsyncIterator[ChatStreamItem]) -> AsyncIterator[str]:
+    """Chat completions' own framing: each chunk a `data:` event, an error in-band, then
+    `[DONE]`."""
+    async for item in items:
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, StreamError):
+            yield sse_event(item.body)
+            break
+        else:
+            yield sse_event(item)
+    yield SSE_DONE
+
+
+def named_event(name: str, payload: BaseModel | Mapping[str, Any]) -> str:
+    """One server-sent event with an `event:` line, as the Anthropic and Responses APIs
+    frame theirs (their SDKs dispatch on it)."""
+    if isinstance(payload, BaseModel):
+        data = payload.model_dump_json(exclude_none=True)
+    else:
+        data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return f"event: {name}\ndata: {data}\n\n"
+
+
+def pflash_header(response: ChatCompletionResponse) -> dict[str, str]:
+    """`x-pflash-stats`: `usage.timings.pflash` as compact JSON, for clients that read
+    headers rather than bodies."""
+    return {"x-pflash-stats": response.usage.timings.pflash.model_dump_json()}
+
+
+@dataclass(frozen=True)
+class FieldNames:
+    """How an edge API names its fields in errors: `fields`, every field name of its
+    request models; `tags`, the labels pydantic gives a union's members after a list index
+    (the block or item type), which are left out of a path."""
+
+    fields: frozenset[str]
+    tags: frozenset[str]
+
+    @classmethod
+    def of(cls, models: tuple[type[BaseModel], ...], tags: frozenset[str]) -> FieldNames:
+        return cls(frozenset(name for m in models for name in m.model_fields), tags)
+
+    def param(self, loc: tuple[Any, ...]) -> str | None:
+        """("messages", 0, "content", 2, "tool_use", "id") -> "messages[0].content[2].id"."""
+        out = ""
+        for i, part in enumerate(loc):
+            if isinstance(part, int):
+                out += f"[{part}]"
+            elif part in self.fields and not (
+                part in self.tags and i > 0 and isinstance(loc[i - 1], int)
+            ):
+                out += f".{part}" if out else part
+        return out or None
+
+
+def invalid_request(err: ValidationError, names: FieldNames) -> InvalidRequest:
+    """The first validation error of an edge API's request as an `InvalidRequest` naming its
+    field in that API's terms (`messages[1].content[0]`)."""
+    first = err.errors(include_url=False)[0]
+    param = names.param(tuple(first.get("loc", ())))
+    message = first["msg"]
+    if first["type"] == "union_tag_invalid":
+        ctx = first.get("ctx") or {}
+        message = (
+            f"type {ctx.get('tag', '?')!r} is not supported by this server "
+            f"(supported: {ctx.get('expected_tags', '')})"
+        )
+    elif message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
+    return InvalidRequest(f"{param}: {message}" if param else message, param=param, code=code)
+
+
+def parse_edge_body(
+    model: type[Model], body: bytes | str | Mapping[str, Any], names: FieldNames
+) -> Model:
+    """An edge API's request body validated as `model`, with the JSON limits every endpoint
+    has (`api.body`); `InvalidRequest` naming the bad field otherwise."""
+    if isinstance(body, bytes | str):
+        body = load_json_body(body)
+    else:
+        check_json_tree(body)
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("request body must be a JSON object", code="invalid_type")
+    try:
+        return model.model_validate(dict(body))
+    except ValidationError as err:
+        raise invalid_request(err, names) from None
+
+
+def to_chat(body: dict[str, Any], extra: dict[str, Any] | None) -> ChatCompletionRequest:
+    """The chat request for a translated `body`, with the edge request's PFlash fields
+    (`extra`: its unknown top-level fields) validated by the chat request's own rules."""
+    for key, value in (extra or {}).items():
+        if key.startswith("pflash_") or key in PASSTHROUGH:
+            body[key] = value
+    return parse_chat_request(body)

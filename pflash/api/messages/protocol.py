@@ -1,0 +1,122 @@
+"""The Anthropic Messages API (`POST /v1/messages`): the request as its SDK sends it.
+
+Types are strict like the chat request's ("5" is not an integer). Fields this server does
+not act on are accepted and ignored: `cache_control` on any block or tool, `metadata`,
+`top_k` (the targets sample by temperature and top-p only), `service_tier`, `thinking`,
+`citations`. Content kinds it cannot serve (`image`, `document`, `thinking`, server tools)
+are a 400 naming the block. PFlash's own fields (`pflash_mode`, `pflash_keep_ratio`,
+`pflash_query`, `pflash_required`, `pflash_return_prompt`, `session_id`) and `seed` ride at
+the top level (the SDK's `extra_body`) and are validated by the chat request.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pflash.api.edge import FieldNames
+
+_CONFIG = ConfigDict(strict=True, extra="ignore")
+
+
+class TextBlock(BaseModel):
+    model_config = _CONFIG
+
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(BaseModel):
+    model_config = _CONFIG
+
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: dict[str, Any]
+
+
+def _as_blocks(v: Any) -> Any:
+    """Content given as a string is one text block: one shape for the translation to read."""
+    return [{"type": "text", "text": v}] if isinstance(v, str) else v
+
+
+class ToolResultBlock(BaseModel):
+    """A tool's output; `content` a string or text blocks (absent: an empty output)."""
+
+    model_config = _CONFIG
+
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: list[TextBlock] = []
+    is_error: bool = False
+
+    content_as_blocks = field_validator("content", mode="before")(_as_blocks)
+
+
+ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+
+
+class InputMessage(BaseModel):
+    model_config = _CONFIG
+
+    role: Literal["user", "assistant"]
+    content: list[ContentBlock]
+
+    content_as_blocks = field_validator("content", mode="before")(_as_blocks)
+
+
+class ToolDefinition(BaseModel):
+    """A client tool. Anthropic's own tools (`bash_...`, `web_search_...`) run on their
+    servers and are not served here."""
+
+    model_config = _CONFIG
+
+    type: Literal["custom"] | None = None
+    name: str = Field(min_length=1)
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+
+class ToolChoice(BaseModel):
+    model_config = _CONFIG
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class MessagesRequest(BaseModel):
+    """`POST /v1/messages`. Extra top-level fields are kept (`model_extra`) so the PFlash
+    ones reach the chat request; the rest are ignored there."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    model: str
+    messages: list[InputMessage]
+    max_tokens: int = Field(ge=1)
+    system: list[TextBlock] | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    metadata: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+
+    system_as_blocks = field_validator("system", mode="before")(_as_blocks)
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_not_empty(cls, v: list[InputMessage]) -> list[InputMessage]:
+        if not v:
+            raise ValueError("messages must not be empty")
+        return v
+
+
+NAMES = FieldNames.of(
+    (MessagesRequest, InputMessage, TextBlock, ToolUseBlock, ToolResultBlock, ToolDefinition,
+     ToolChoice),
+    tags=frozenset({"text", "tool_use", "tool_result"}),
+)  # fmt: skip

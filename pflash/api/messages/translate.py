@@ -1,0 +1,383 @@
+"""Anthropic Messages ↔ the chat flow: the request in, the message out (whole or streamed),
+errors in Anthropic's shape. Pure functions over parsed models.
+
+In: `system` is the system message; a user message's text blocks are its content and each
+`tool_result` a tool message (in block order); an assistant message's text blocks are its
+content and each `tool_use` a tool call whose arguments are its `input` as JSON. `tools`
+become functions (`input_schema` their parameters); `tool_choice` auto/any/tool/none maps
+to auto/required/the named function/none; `stop_sequences` to `stop`.
+
+Out: text then `tool_use` blocks (a call's arguments parsed back into `input`); the finish
+reason as `stop_reason` (stop → end_turn, length → max_tokens, tool_calls → tool_use: the
+targets do not say whether a stop sequence or the end of turn stopped them, so
+`stop_sequence` is never reported). Usage in Anthropic's terms: `input_tokens` are the
+client's prompt tokens not read from the target's prefix cache, `cache_read_input_tokens`
+those that were (their sum is the original prompt, before compression), and
+`usage.pflash` carries `usage.timings.pflash` of the chat response.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pflash.api.edge import (
+    ChatStreamItem,
+    StreamError,
+    named_event,
+    parse_edge_body,
+    pflash_header,
+    to_chat,
+)
+from pflash.api.messages.protocol import (
+    NAMES,
+    InputMessage,
+    MessagesRequest,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from pflash.api.requests import ChatCompletionRequest
+from pflash.api.responses import ChatCompletionChunk, ChatCompletionResponse, Usage
+from pflash.errors import InvalidRequest
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+# our statuses -> Anthropic's error types (https://docs.anthropic.com/en/api/errors)
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+# ---------------------------------------------------------------------- request in
+
+
+def parse_messages_request(body: bytes | str | Mapping[str, Any]) -> MessagesRequest:
+    """Validate a request body; raise `InvalidRequest` naming the bad field."""
+    return parse_edge_body(MessagesRequest, body, NAMES)
+
+
+def _joined(blocks: list[TextBlock]) -> str:
+    return "\n".join(b.text for b in blocks)
+
+
+def _assistant_message(i: int, message: InputMessage) -> dict[str, Any]:
+    texts: list[TextBlock] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(message.content):
+        if isinstance(block, TextBlock):
+            texts.append(block)
+        elif isinstance(block, ToolUseBlock):
+            arguments = json.dumps(block.input, ensure_ascii=False)
+            calls.append(
+                {
+                    "id": block.id,
+                    "type": "function",
+                    "function": {"name": block.name, "arguments": arguments},
+                }
+            )
+        else:
+            raise InvalidRequest(
+                f"messages[{i}].content[{j}]: a tool_result block belongs in a user message",
+                param=f"messages[{i}].content[{j}]",
+                code="invalid_value",
+            )
+    out: dict[str, Any] = {"role": "assistant", "content": _joined(texts) if texts else None}
+    if calls:
+        out["tool_calls"] = calls
+    elif not texts:
+        out["content"] = ""
+    return out
+
+
+def _user_messages(i: int, message: InputMessage) -> list[dict[str, Any]]:
+    """A user message's tool results as tool messages and its text as one user message,
+    in block order."""
+    out: list[dict[str, Any]] = []
+    texts: list[TextBlock] = []
+    for j, block in enumerate(message.content):
+        if isinstance(block, TextBlock):
+            texts.append(block)
+        elif isinstance(block, ToolResultBlock):
+            if texts:
+                out.append({"role": "user", "content": _joined(texts)})
+                texts = []
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": block.tool_use_id,
+                    "content": _joined(block.content),
+                }
+            )
+        else:
+            raise InvalidRequest(
+                f"messages[{i}].content[{j}]: a tool_use block belongs in an assistant message",
+                param=f"messages[{i}].content[{j}]",
+                code="invalid_value",
+            )
+    if texts or not out:
+        out.append({"role": "user", "content": _joined(texts)})
+    return out
+
+
+def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
+    """The conversation as chat-completions messages (OpenAI format)."""
+    out: list[dict[str, Any]] = []
+    if req.system:
+        out.append({"role": "system", "content": _joined(req.system)})
+    for i, message in enumerate(req.messages):
+        if message.role == "assistant":
+            out.append(_assistant_message(i, message))
+        else:
+            out.extend(_user_messages(i, message))
+    return out
+
+
+def _tool_choice(req: MessagesRequest) -> Any:
+    choice = req.tool_choice
+    if choice is None:
+        return None
+    if choice.type == "tool":
+        if not choice.name:
+            raise InvalidRequest(
+                "tool_choice: a choice of type 'tool' needs the tool's name",
+                param="tool_choice.name",
+                code="missing_required_parameter",
+            )
+        return {"type": "function", "function": {"name": choice.name}}
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+
+
+def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
+    """The one internal request the chat flow serves for `req`. A stream always asks for
+    the usage chunk: `message_delta` reports usage."""
+    body: dict[str, Any] = {
+        "model": req.model,
+        "messages": chat_messages(req),
+        "max_tokens": req.max_tokens,
+        "stream": req.stream,
+    }
+    if req.stream:
+        body["stream_options"] = {"include_usage": True}
+    if req.temperature is not None:
+        body["temperature"] = req.temperature
+    if req.top_p is not None:
+        body["top_p"] = req.top_p
+    if req.stop_sequences:
+        body["stop"] = req.stop_sequences
+    if req.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    **({"description": t.description} if t.description is not None else {}),
+                    "parameters": t.input_schema,
+                },
+            }
+            for t in req.tools
+        ]
+    choice = _tool_choice(req)
+    if choice is not None:
+        body["tool_choice"] = choice
+    return to_chat(body, req.model_extra)
+
+
+# ---------------------------------------------------------------------- response out
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as `tool_use.input`. Arguments that are not a JSON object (a model
+    can write a bare string) are kept whole under "arguments" rather than dropped."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {"arguments": arguments}
+
+
+def usage(u: Usage) -> dict[str, Any]:
+    cached = u.prompt_tokens_details.cached_tokens
+    return {
+        "input_tokens": max(0, u.prompt_tokens - cached),
+        "output_tokens": u.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "pflash": u.timings.pflash.model_dump(mode="json"),
+    }
+
+
+def message_id(chat_id: str) -> str:
+    """`msg_<hex>` for the chat response `chatcmpl-<hex>`: one id, both spellings."""
+    return "msg_" + chat_id.split("-", 1)[-1]
+
+
+def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
+    function = call["function"]
+    return {
+        "type": "tool_use",
+        "id": call["id"],
+        "name": function["name"],
+        "input": tool_input(function["arguments"]),
+    }
+
+
+def message_body(resp: ChatCompletionResponse) -> dict[str, Any]:
+    """The Anthropic message for a whole chat completion."""
+    choice = resp.choices[0]
+    content: list[dict[str, Any]] = []
+    if choice.message.content:
+        content.append({"type": "text", "text": choice.message.content})
+    content += [_tool_use(call) for call in choice.message.tool_calls or ()]
+    body: dict[str, Any] = {
+        "id": message_id(resp.id),
+        "type": "message",
+        "role": "assistant",
+        "model": resp.model,
+        "content": content,
+        "stop_reason": STOP_REASONS[choice.finish_reason],
+        "stop_sequence": None,
+        "usage": usage(resp.usage),
+    }
+    if resp.pflash_prompt is not None:
+        body["pflash_prompt"] = resp.pflash_prompt
+    return body
+
+
+def error_body(status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI error body of a `status` response as Anthropic's
+    `{"type": "error", "error": {"type", "message"}}`."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": body["error"]["message"]}}
+
+
+# ---------------------------------------------------------------------- stream out
+
+
+def _event(name: str, **fields: Any) -> str:
+    return named_event(name, {"type": name, **fields})
+
+
+def _message_start(chunk: ChatCompletionChunk) -> str:
+    message: dict[str, Any] = {
+        "id": message_id(chunk.id),
+        "type": "message",
+        "role": "assistant",
+        "model": chunk.model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+    }
+    if chunk.pflash_prompt is not None:
+        message["pflash_prompt"] = chunk.pflash_prompt
+    return _event("message_start", message=message)
+
+
+async def message_events(items: AsyncIterator[ChatStreamItem]) -> AsyncIterator[str]:
+    """The documented event sequence for the chat flow's stream: `message_start`, `ping`,
+    per block `content_block_start` / `_delta` (text_delta, or one input_json_delta with a
+    call's whole input: calls are read once complete) / `_stop`, then `message_delta` with
+    `stop_reason` and usage, and `message_stop`. Keep-alive comments pass through; a failure
+    ends the stream with an `error` event."""
+    started = False
+    text_block: int | None = None  # index of the open text block
+    blocks = 0
+    stop_reason = "end_turn"
+    async for item in items:
+        if isinstance(item, str):
+            yield item
+            continue
+        if isinstance(item, StreamError):
+            yield named_event("error", error_body(item.status, item.body))
+            return
+        if not started:
+            started = True
+            yield _message_start(item)
+            yield _event("ping")
+        for choice in item.choices:
+            delta = choice.delta
+            if delta.content:
+                if text_block is None:
+                    text_block, blocks = blocks, blocks + 1
+                    yield _event(
+                        "content_block_start",
+                        index=text_block,
+                        content_block={"type": "text", "text": ""},
+                    )
+                yield _event(
+                    "content_block_delta",
+                    index=text_block,
+                    delta={"type": "text_delta", "text": delta.content},
+                )
+            for call in delta.tool_calls or ():
+                if text_block is not None:
+                    yield _event("content_block_stop", index=text_block)
+                    text_block = None
+                block = _tool_use(call)
+                partial = json.dumps(block["input"], ensure_ascii=False)
+                yield _event(
+                    "content_block_start", index=blocks, content_block={**block, "input": {}}
+                )
+                yield _event(
+                    "content_block_delta",
+                    index=blocks,
+                    delta={"type": "input_json_delta", "partial_json": partial},
+                )
+                yield _event("content_block_stop", index=blocks)
+                blocks += 1
+            if choice.finish_reason is not None:
+                stop_reason = STOP_REASONS[choice.finish_reason]
+        if item.usage is not None:
+            if text_block is not None:
+                yield _event("content_block_stop", index=text_block)
+            yield _event(
+                "message_delta",
+                delta={"stop_reason": stop_reason, "stop_sequence": None},
+                usage=usage(item.usage),
+            )
+            yield _event("message_stop")
+            return
+
+
+# ---------------------------------------------------------------------- the edge
+
+
+@dataclass(frozen=True)
+class MessagesExchange:
+    """One `/v1/messages` request: the Anthropic request and the chat request it runs as."""
+
+    source: MessagesRequest
+    chat: ChatCompletionRequest
+
+    def respond(self, response: ChatCompletionResponse) -> tuple[dict[str, Any], dict[str, str]]:
+        return message_body(response), pflash_header(response)
+
+    def stream(self, items: AsyncIterator[ChatStreamItem]) -> AsyncIterator[str]:
+        return message_events(items)
+
+
+@dataclass(frozen=True)
+class MessagesEdge:
+    """`/v1/messages` at the edge; Anthropic clients read the request id from `request-id`."""
+
+    id_header: str | None = "request-id"
+
+    def parse(self, body: bytes | str | Mapping[str, Any]) -> MessagesExchange:
+        source = parse_messages_request(body)
+        return MessagesExchange(source, chat_request(source))
+
+    def error(self, status: int, body: dict[str, Any]) -> dict[str, Any]:
+        return error_body(status, body)
+
+
+EDGE = MessagesEdge()

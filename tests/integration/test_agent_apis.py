@@ -1,0 +1,434 @@
+"""`/v1/messages` (Anthropic) and `/v1/responses` (OpenAI Responses) on the real Ray Serve
+application, through the official `anthropic`, `openai` and `openai-agents` SDKs.
+
+The app is `pflash` of test_serve_app.py's config (the embedded SmolLM2 as drafter and
+target, API keys on, `return_prompt_enabled`), plus its key-less `gw2` app, whose
+completion route answering is how the cluster knows the main app is up; the Gemma app is
+left out. The embedded model writes a tool call when the chat shows the hermes format
+(tests/fixtures/tool_chat.py): each API sends that same chat in its own shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from pflash.bench.launch import ServeCluster, free_port
+
+pytestmark = pytest.mark.integration
+sys.path.insert(0, str(Path(__file__).parent))  # test_serve_app.py: the app's config
+sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))  # tool_chat.py
+import tool_chat  # noqa: E402
+from test_serve_app import KEY, NEEDLE, QUESTION, _config, _document  # noqa: E402
+
+os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")  # no export to OpenAI
+AUTH = {"Authorization": f"Bearer {KEY}"}
+ANTHROPIC_TOOL = {
+    "name": "get_weather",
+    "description": "The current weather in a city.",
+    "input_schema": tool_chat.WEATHER_TOOL["function"]["parameters"],
+}
+RESPONSES_TOOL = {"type": "function", **tool_chat.WEATHER_TOOL["function"]}
+# the anthropic SDK (2.x) has no sampling parameters: greedy decoding goes in the body
+GREEDY = {"temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("agents")
+    port = free_port()
+    path = _config(tmp, port)
+    config = yaml.safe_load(path.read_text())
+    config["applications"] = [a for a in config["applications"] if a["name"] != "xv"]
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    cluster = ServeCluster(path, tmp)
+    http = f"http://127.0.0.1:{port}"
+    ping = {"prompt": "Hi", "max_tokens": 1, "pflash_mode": "off"}
+    try:
+        cluster.start(f"{http}/gw2/v1/completions", ping)
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+        deadline = time.time() + 300
+        while True:  # the main app's own route, as test_serve_app.py waits for it
+            try:
+                r = httpx.post(f"{http}/v1/chat/completions", json=chat, headers=AUTH, timeout=120)
+                if r.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, "the app did not come up"
+            time.sleep(2)
+        yield http
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    import anthropic
+
+    # the SDK authenticates with x-api-key
+    return anthropic.Anthropic(base_url=server, api_key=KEY, max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def openai_client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+def _anthropic_tool_chat(city: str) -> tuple[str, list[dict]]:
+    """tool_chat's chat as Anthropic's (system, messages)."""
+    system, *messages = tool_chat.tool_messages(city)
+    return system["content"], messages
+
+
+# ----------------------------------------------------------------------------- Messages
+
+
+def test_messages_create_answers_with_anthropic_usage_and_pflash_stats(claude):
+    with_raw = claude.messages.with_raw_response.create(
+        model="pflash",
+        extra_body=GREEDY,
+        max_tokens=12,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
+    message = with_raw.parse()
+    assert with_raw.headers["request-id"].startswith("req-")
+    assert message.type == "message" and message.role == "assistant"
+    assert message.stop_reason in ("end_turn", "max_tokens")
+    assert "Paris" in message.content[0].text
+    usage = message.usage
+    assert usage.input_tokens + usage.cache_read_input_tokens > 10
+    assert 0 < usage.output_tokens <= 12
+    stats = usage.model_extra["pflash"]
+    assert stats["keep_ratio"] == 1.0
+    assert json.loads(with_raw.headers["x-pflash-stats"]) == stats
+
+
+def test_messages_stream_sends_the_documented_events(claude):
+    with claude.messages.stream(
+        model="pflash",
+        extra_body=GREEDY,
+        max_tokens=12,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "content_block_start" in kinds and "message_delta" in kinds
+    assert "Paris" in final.content[0].text
+    assert final.usage.output_tokens > 0
+
+
+def test_a_tool_use_answer_and_a_tool_result_turn(claude):
+    system, messages = _anthropic_tool_chat("Paris")
+    # system as a text block with cache_control (accepted, ignored): the same prompt
+    blocks = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
+    message = claude.messages.create(
+        model="pflash",
+        max_tokens=40,
+        system=blocks,
+        messages=messages,
+        tools=[ANTHROPIC_TOOL],
+        extra_body={**GREEDY, "pflash_mode": "off"},
+    )
+    assert message.stop_reason == "tool_use", message
+    (call,) = [b for b in message.content if b.type == "tool_use"]
+    assert (call.name, call.input) == ("get_weather", {"city": "Paris"})
+
+    follow = claude.messages.create(
+        model="pflash",
+        max_tokens=20,
+        system=system,
+        messages=[
+            *messages,
+            {
+                "role": "assistant",
+                "content": [b.model_dump(exclude_none=True) for b in message.content],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": call.id, "content": "18 C and sunny"}
+                ],
+            },
+        ],
+        tools=[ANTHROPIC_TOOL],
+        extra_body={**GREEDY, "pflash_mode": "off"},
+    )
+    assert follow.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    assert follow.content and follow.usage.output_tokens > 0
+
+
+def test_a_streamed_tool_use_arrives_as_input_json(claude):
+    system, messages = _anthropic_tool_chat("Paris")
+    with claude.messages.stream(
+        model="pflash",
+        max_tokens=40,
+        system=system,
+        messages=messages,
+        tools=[ANTHROPIC_TOOL],
+        extra_body={**GREEDY, "pflash_mode": "off"},
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert "input_json" in kinds  # the SDK's event for an input_json_delta
+    assert final.stop_reason == "tool_use"
+    (call,) = [b for b in final.content if b.type == "tool_use"]
+    assert call.input == {"city": "Paris"}
+
+
+def test_a_long_document_is_compressed_through_messages(claude):
+    message = claude.messages.create(
+        model="pflash",
+        max_tokens=16,
+        messages=[{"role": "user", "content": _document(5000) + "\n\n" + QUESTION}],
+        extra_body={
+            **GREEDY,
+            "pflash_mode": "always",
+            "pflash_keep_ratio": 0.2,
+            "pflash_return_prompt": True,
+            "pflash_required": [NEEDLE],
+        },
+    )
+    stats = message.usage.model_extra["pflash"]
+    original = message.usage.input_tokens + message.usage.cache_read_input_tokens
+    assert 0 < stats["compressed_tokens"] < 0.5 * original
+    assert stats["drafter_input_tokens"] == original
+    assert NEEDLE in message.model_extra["pflash_prompt"]
+
+
+# ----------------------------------------------------------------------------- Responses
+
+
+def test_responses_create_whole_and_streamed(openai_client):
+    response = openai_client.responses.create(
+        model="pflash",
+        input="What is the capital of France?",
+        max_output_tokens=12,
+        temperature=0,
+        store=True,  # accepted; the server keeps nothing
+    )
+    assert response.status in ("completed", "incomplete")
+    assert "Paris" in response.output_text
+    assert response.usage.input_tokens > 10 and response.usage.output_tokens > 0
+    assert response.usage.model_extra["pflash"]["keep_ratio"] == 1.0
+
+    events = list(
+        openai_client.responses.create(
+            model="pflash",
+            input="What is the capital of France?",
+            max_output_tokens=12,
+            temperature=0,
+            stream=True,
+        )
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert "response.output_text.delta" in kinds
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert events[-1].response.output_text == response.output_text  # greedy: the same answer
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_a_function_call_round_trip_through_responses(openai_client):
+    system, *messages = tool_chat.tool_messages("Paris")
+    response = openai_client.responses.create(
+        model="pflash",
+        instructions=system["content"],
+        input=messages,
+        tools=[RESPONSES_TOOL],
+        max_output_tokens=40,
+        temperature=0,
+        extra_body={"pflash_mode": "off"},
+    )
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
+
+    follow = openai_client.responses.create(
+        model="pflash",
+        instructions=system["content"],
+        input=[
+            *messages,
+            *[item.model_dump(exclude_none=True) for item in response.output],
+            {"type": "function_call_output", "call_id": call.call_id, "output": "18 C"},
+        ],
+        tools=[RESPONSES_TOOL],
+        max_output_tokens=20,
+        temperature=0,
+        extra_body={"pflash_mode": "off"},
+    )
+    assert follow.output and follow.usage.output_tokens > 0
+
+    streamed = list(
+        openai_client.responses.create(
+            model="pflash",
+            instructions=system["content"],
+            input=messages,
+            tools=[RESPONSES_TOOL],
+            max_output_tokens=40,
+            temperature=0,
+            stream=True,
+            extra_body={"pflash_mode": "off"},
+        )
+    )
+    done = [e for e in streamed if e.type == "response.function_call_arguments.done"]
+    assert [json.loads(e.arguments) for e in done] == [{"city": "Paris"}]
+
+
+def test_an_agents_sdk_agent_runs_its_tool_against_the_app(server):
+    from agents import (
+        Agent,
+        MaxTurnsExceeded,
+        ModelSettings,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    asked: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        asked.append(city)
+        return f"18 C and sunny in {city}"
+
+    system, *messages = tool_chat.tool_messages("Paris")
+    client = AsyncOpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=300)
+    agent = Agent(
+        name="weather",
+        instructions=system["content"],
+        model=OpenAIResponsesModel(model="pflash", openai_client=client),
+        model_settings=ModelSettings(
+            temperature=0, max_tokens=40, extra_body={"pflash_mode": "off"}
+        ),
+        tools=[get_weather],
+    )
+    try:
+        result = Runner.run_sync(agent, messages, max_turns=3)
+        responses = result.raw_responses
+    except MaxTurnsExceeded as exc:  # the small model may call again after the output
+        responses = exc.run_data.raw_responses
+    assert asked[0] == "Paris"
+    assert len(responses) >= 2  # the call, then a step that read the tool's output
+    assert all(r.usage.output_tokens > 0 for r in responses)
+
+
+# ----------------------------------------------------------------------------- one flow
+
+
+def test_the_same_conversation_serves_the_same_compressed_prompt_on_every_api(
+    server, claude, openai_client
+):
+    """Chat completions, Messages and Responses are translations of one request: the same
+    conversation compresses to the same served prompt (each in its own session, so no
+    stored view is reused)."""
+    document = _document(5000)
+    pflash = {"pflash_mode": "always", "pflash_keep_ratio": 0.2, "pflash_return_prompt": True}
+    chat = openai_client.chat.completions.create(
+        model="pflash",
+        messages=[
+            {"role": "system", "content": "Answer from the document."},
+            {"role": "user", "content": document + "\n\n" + QUESTION},
+        ],
+        max_tokens=4,
+        temperature=0,
+        extra_body={**pflash, "session_id": "same-chat"},
+    )
+    message = claude.messages.create(
+        model="pflash",
+        system="Answer from the document.",
+        messages=[{"role": "user", "content": document + "\n\n" + QUESTION}],
+        max_tokens=4,
+        extra_body={**GREEDY, **pflash, "session_id": "same-messages"},
+    )
+    response = openai_client.responses.create(
+        model="pflash",
+        instructions="Answer from the document.",
+        input=document + "\n\n" + QUESTION,
+        max_output_tokens=4,
+        temperature=0,
+        extra_body={**pflash, "session_id": "same-responses"},
+    )
+    served = chat.model_extra["pflash_prompt"]
+    assert chat.usage.model_extra["timings"]["pflash"]["keep_ratio"] < 0.5
+    assert message.model_extra["pflash_prompt"] == served
+    assert response.model_extra["pflash_prompt"] == served
+    compressed = chat.usage.model_extra["timings"]["pflash"]["compressed_tokens"]
+    assert message.usage.model_extra["pflash"]["compressed_tokens"] == compressed
+    assert response.usage.model_extra["pflash"]["compressed_tokens"] == compressed
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _anthropic_error(r: httpx.Response, status: int, kind: str) -> dict:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == kind, body
+    assert r.headers["request-id"].startswith("req-")
+    return body["error"]
+
+
+def test_bad_messages_requests_are_4xx_in_anthropics_shape(server):
+    url = f"{server}/v1/messages"
+    key = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
+    ok = {"model": "pflash", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+    _anthropic_error(httpx.post(url, json=ok, timeout=60), 401, "authentication_error")
+    wrong = {"x-api-key": "nope"}
+    _anthropic_error(
+        httpx.post(url, json=ok, headers=wrong, timeout=60), 401, "authentication_error"
+    )
+    r = httpx.post(url, content=b"{not json", headers=key, timeout=60)
+    assert "not valid JSON" in _anthropic_error(r, 400, "invalid_request_error")["message"]
+    image = {**ok, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}
+    r = httpx.post(url, json=image, headers=key, timeout=60)
+    assert (
+        "'image' is not supported" in _anthropic_error(r, 400, "invalid_request_error")["message"]
+    )
+    r = httpx.post(url, json={**ok, "model": "claude-x"}, headers=key, timeout=60)
+    _anthropic_error(r, 404, "not_found_error")
+    r = httpx.post(
+        url, json={k: v for k, v in ok.items() if k != "max_tokens"}, headers=key, timeout=60
+    )
+    assert "max_tokens" in _anthropic_error(r, 400, "invalid_request_error")["message"]
+
+
+def test_bad_responses_requests_are_4xx_in_the_openai_envelope(server):
+    url = f"{server}/v1/responses"
+    cases = [
+        ({"input": "Hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": [{"type": "input_image_call"}]}, "input[0]"),
+        ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "Hi", "pflash_mode": "sometimes"}, "pflash_mode"),
+        ({"input": "Hi", "max_output_tokens": "5"}, "max_output_tokens"),
+    ]
+    for body, param in cases:
+        r = httpx.post(url, json=body, headers=AUTH, timeout=60)
+        assert r.status_code == 400, (body, r.text)
+        error = r.json()["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    r = httpx.post(url, json={"input": "Hi"}, timeout=60)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"[]", b"null", b'{"messages": "x"}', b'{"input": 5}', b'{"model": 5}', "\ud800".encode("utf-8", "surrogatepass")],
+)  # fmt: skip
+def test_junk_bodies_are_never_a_5xx_on_either_api(server, body):
+    for path in ("/v1/messages", "/v1/responses"):
+        r = httpx.post(f"{server}{path}", content=body, headers=AUTH, timeout=60)
+        assert 400 <= r.status_code < 500, (path, body, r.status_code, r.text)
