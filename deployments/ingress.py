@@ -43,6 +43,7 @@ from pflash.config import PFlashConfig, build_config
 from pflash.errors import CompressionFailed, PFlashError, StageUnavailable
 from pflash.models.source import load_tokenizer
 from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta
+from pflash.readiness import RETRY_AFTER_S, ReadinessCache
 from pflash.tenants import tenant_for
 from pflash.trace import TraceWriter
 
@@ -50,11 +51,6 @@ log = logging.getLogger("ray.serve")
 
 KEEPALIVE_AFTER_S = 1.0  # a stream starts with keep-alives when compression takes longer
 KEEPALIVE_EVERY_S = 2.0
-READY_TIMEOUT_S = 5.0  # /readyz: how long each deployment has to answer
-
-
-async def _awaited(call: Any) -> Any:
-    return await call
 
 
 # redirect_slashes off: a trailing slash is a 404 in the envelope, not a 307 to follow
@@ -210,6 +206,14 @@ class Ingress:
             trace=self.trace,
             offload=asyncio.to_thread,
         )
+        checks = {
+            "target": lambda: self.target.ready.remote(),
+            "drafter": lambda: self._drafter.ready.remote(),
+            "session_store": lambda: self.compressor.store._call("stats"),
+        }
+        if probe is not None:
+            checks["probe"] = lambda: self._probe.params.remote()
+        self.readiness = ReadinessCache(checks)
         try:  # sent as x-pflash-replica so an operator can follow a conversation's turns
             self.replica = serve.get_replica_context().replica_id.unique_id
         except Exception:
@@ -235,36 +239,13 @@ class Ingress:
 
     @app.get("/readyz")
     async def readyz(self) -> JSONResponse:
-        """Ready = every deployment of the graph answers within `READY_TIMEOUT_S` with its
-        model loaded (`/healthz` only says this process lives). A 503 lists which did not;
-        load balancers and KubeRay's readiness probe route on it."""
-        calls = {
-            "target": self.target.ready.remote(),
-            "drafter": self._drafter.ready.remote(),
-            "session_store": self.compressor.store._call("stats"),
-        }
-        if self._probe is not None:
-            calls["probe"] = self._probe.params.remote()
-        checks = {}
-        for name, call in calls.items():
-            try:
-                await asyncio.wait_for(_awaited(call), READY_TIMEOUT_S)
-                checks[name] = "ok"
-            except Exception as exc:
-                log.warning("readyz: %s did not answer: %s", name, type(exc).__name__)
-                checks[name] = "unavailable"
-        if all(v == "ok" for v in checks.values()):
-            return JSONResponse({"status": "ready", "checks": checks})
-        body = {
-            "error": {
-                "message": "not ready: " + ", ".join(k for k, v in checks.items() if v != "ok"),
-                "type": "service_unavailable",
-                "param": None,
-                "code": "not_ready",
-            },
-            "checks": checks,
-        }
-        return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+        """Ready = every deployment of the graph (target, drafter, session store, probe)
+        answered a check recently (`/healthz` only says this process lives); a 503 lists
+        which did not. Answered from `pflash.readiness`'s cache, which asks each deployment
+        once per interval in the background, so a flood of probes sends no remote calls."""
+        status, body = await self.readiness.answer()
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if status != 200 else None
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> JSONResponse:
