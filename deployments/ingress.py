@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deployments.metrics import ServeMetrics
 from deployments.session_store import STORE_NAME
 from pflash import api
+from pflash.admission import TokenBound, cap_output, check_prompt_bound, read_body
 from pflash.compress.pipeline import Compressed
 from pflash.compress.scoring import ScoreRequest
 from pflash.compressor import (
@@ -51,6 +52,7 @@ log = logging.getLogger("ray.serve")
 
 KEEPALIVE_AFTER_S = 1.0  # a stream starts with keep-alives when compression takes longer
 KEEPALIVE_EVERY_S = 2.0
+PARSE_INLINE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop (< ~1 ms)
 
 
 # redirect_slashes off: a trailing slash is a 404 in the envelope, not a 307 to follow
@@ -112,12 +114,6 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 @app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     return _framework_error(400, "the request could not be read", "invalid_request")
-
-
-def _too_large(limit: int) -> PFlashError:
-    exc = PFlashError(f"request body exceeds {limit} bytes", param=None, code="request_too_large")
-    exc.http_status, exc.error_type = 413, "invalid_request_error"
-    return exc
 
 
 class _DrafterHandle:
@@ -191,6 +187,7 @@ class Ingress:
         self.drafter_tokenizer = load_tokenizer(
             self.config.drafter_tokenizer or self.config.drafter
         )
+        self.token_bound = TokenBound.of(self.target_tokenizer)  # None: no early prompt check
         self.target = target
         self._drafter, self._probe = drafter, probe
         self.metrics = ServeMetrics()
@@ -273,17 +270,19 @@ class Ingress:
         client = request.client.host if request.client else None
         return tenant_for(self.config.api_keys, request.headers.get("authorization"), client)
 
-    async def _read_body(self, request: Request) -> bytes:
-        limit = self.config.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise _too_large(limit)
-        body = b""
-        async for part in request.stream():
-            body += part
-            if len(body) > limit:
-                raise _too_large(limit)
-        return body
+    def _admit(self, body: bytes, kind: str):
+        """Parse and validate the body, apply the request's overrides and the output cap,
+        and refuse a prompt certain to exceed `max_prompt_tokens` before it is rendered:
+        (request, its config, its sampling parameters)."""
+        req = api.parse_chat_request(body) if kind == "chat" else api.parse_completion_request(body)
+        config = self.config
+        req.check_allowed(config)
+        config = config.with_request_overrides(
+            mode=req.pflash_mode, keep_ratio=req.pflash_keep_ratio
+        )
+        params = cap_output(req.sampling_params(), config.max_output_tokens)
+        check_prompt_bound(req, kind, self.token_bound, config.max_prompt_tokens)
+        return req, config, params
 
     async def _serve(self, request: Request, kind: str):
         """auth → parse → render → compress → stream (or one response), within the
@@ -292,18 +291,16 @@ class Ingress:
         rid = "req-" + uuid.uuid4().hex[:16]
         try:
             tenant = self._authorize(request)
-            body = await self._read_body(request)
-            req = (
-                api.parse_chat_request(body)
-                if kind == "chat"
-                else api.parse_completion_request(body)
+            body = await read_body(
+                request.stream(),
+                limit=self.config.max_body_bytes,
+                timeout_s=self.config.body_read_timeout_s,
+                declared=request.headers.get("content-length"),
             )
-            config = self.config
-            req.check_allowed(config)
-            config = config.with_request_overrides(
-                mode=req.pflash_mode, keep_ratio=req.pflash_keep_ratio
-            )
-            params = req.sampling_params()
+            if len(body) > PARSE_INLINE_BYTES:  # a large body is parsed off the event loop
+                req, config, params = await asyncio.to_thread(self._admit, body, kind)
+            else:
+                req, config, params = self._admit(body, kind)
             prompt = await asyncio.to_thread(render_request, req, kind, self.target_tokenizer)
             check_prompt_limit(prompt, config)
         except Exception as exc:  # validation and rendering errors: 4xx before any model runs
