@@ -22,24 +22,20 @@ from pflash.models.target.protocol import SamplingParams
 MAX_CONTENT_LENGTH_DIGITS = 20  # more digits than any body this server accepts
 
 
-def body_too_large(limit: int) -> PFlashError:
-    exc = PFlashError(
-        f"request body exceeds {limit} bytes (max_body_bytes)",
-        param=None,
-        code="request_too_large",
-    )
-    exc.http_status, exc.error_type = 413, "invalid_request_error"
+def _client_error(status: int, message: str, code: str) -> PFlashError:
+    exc = PFlashError(message, param=None, code=code)
+    exc.http_status, exc.error_type = status, "invalid_request_error"
     return exc
+
+
+def body_too_large(limit: int) -> PFlashError:
+    message = f"request body exceeds {limit} bytes (max_body_bytes)"
+    return _client_error(413, message, "request_too_large")
 
 
 def body_too_slow(seconds: float) -> PFlashError:
-    exc = PFlashError(
-        f"the request body did not arrive within {seconds:g} s (body_read_timeout_s)",
-        param=None,
-        code="request_timeout",
-    )
-    exc.http_status, exc.error_type = 408, "invalid_request_error"
-    return exc
+    message = f"the request body did not arrive within {seconds:g} s (body_read_timeout_s)"
+    return _client_error(408, message, "request_timeout")
 
 
 async def read_body(
