@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -40,7 +40,7 @@ from pflash.compressor import (
     tenant_of,
     unwrap_remote_error,
 )
-from pflash.config import PFlashConfig, build_config
+from pflash.config import PFlashConfig, ViewsConfig, build_config
 from pflash.errors import CompressionFailed, PFlashError, StageUnavailable
 from pflash.models.source import load_tokenizer
 from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta
@@ -144,15 +144,33 @@ class _ProbeHandle:
 
 class _StoreActor:
     """The SessionStore deployment actor as a `StoreClient`, resolved on first use and again
-    after a failure (the controller recreates it)."""
+    after a failure (the controller recreates it).
 
-    def __init__(self) -> None:
+    The actor is created with the views config of the deploy (`build_app`); a live change
+    (`user_config`) and the tenants of revoked API keys reach it through `configure`, and
+    are pushed before the next call, also to a recreated actor, which starts from the
+    deploy's config again."""
+
+    def __init__(self, views: dict[str, Any]) -> None:
         self.actor = None
+        self.views = views  # the live `ViewsConfig` keys
+        self.forget: set[str] = set()  # tenants whose views to drop
+        self._pushed = False
+
+    def configure(self, views: dict[str, Any], forget: Iterable[str] = ()) -> None:
+        self.views, self._pushed = views, False
+        self.forget |= set(forget)
 
     async def _call(self, method: str, *args):
         try:
             if self.actor is None:
                 self.actor = serve.get_deployment_actor(STORE_NAME)
+                self._pushed = False
+            if not self._pushed:
+                forget = tuple(self.forget)
+                await self.actor.reconfigure.remote(self.views, forget)
+                self.forget -= set(forget)
+                self._pushed = True
             return await getattr(self.actor, method).remote(*args)
         except Exception:
             self.actor = None
@@ -169,6 +187,12 @@ class _StoreActor:
 
     async def report_acceptance(self, session, accept_rate, r0):
         return await self._call("report_acceptance", session, accept_rate, r0)
+
+
+def _views_part(config: PFlashConfig) -> dict[str, Any]:
+    """The session store's part of `config`: its `ViewsConfig` keys that differ from the
+    defaults (what `build_app` gives the actor)."""
+    return config.part(ViewsConfig).model_dump(mode="json", exclude_defaults=True)
 
 
 @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64)
@@ -197,7 +221,7 @@ class Ingress:
             drafter_tokenizer=self.drafter_tokenizer,
             scorer=_DrafterHandle(drafter),
             probe=_ProbeHandle(probe) if probe is not None else None,
-            store=_StoreActor(),
+            store=_StoreActor(_views_part(self.config)),
             max_context=self.config.max_context or self._target_context,
             record=self.metrics.record,
             trace=self.trace,
@@ -217,8 +241,14 @@ class Ingress:
             self.replica = "local"
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """Apply `user_config` live: every PFlash knob, validated like at startup."""
+        """Apply `user_config` live: every PFlash knob, validated like at startup. The
+        session store gets its part (view capacity and TTL) and drops the views of the
+        tenants whose API keys were removed."""
+        old_keys = self.config.api_keys
         self.config = build_config({**self._base, **(user_config or {})})
+        revoked = set(old_keys) - set(self.config.api_keys)
+        forget = [tenant_for(old_keys, f"Bearer {key}", None) for key in revoked]
+        self.compressor.store.configure(_views_part(self.config), forget)
         if self.config.trace_path != self.trace.path:
             self.trace.close()
             self.trace = TraceWriter(self.config.trace_path)
