@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deployments.metrics import ServeMetrics
 from deployments.session_store import STORE_NAME
 from pflash import api
+from pflash.admission import TokenBound, cap_output, check_prompt_bound, read_body
 from pflash.compress.pipeline import Compressed
 from pflash.compress.scoring import ScoreRequest
 from pflash.compressor import (
@@ -41,10 +42,11 @@ from pflash.compressor import (
     tenant_of,
     unwrap_remote_error,
 )
-from pflash.config import PFlashConfig, build_config
+from pflash.config import PFlashConfig, ViewsConfig, build_config
 from pflash.errors import CompressionFailed, PFlashError, StageUnavailable
 from pflash.models.source import load_tokenizer
 from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta
+from pflash.readiness import RETRY_AFTER_S, ReadinessCache
 from pflash.tenants import (
     Tenant,
     check_return_prompt,
@@ -59,11 +61,7 @@ log = logging.getLogger("ray.serve")
 
 KEEPALIVE_AFTER_S = 1.0  # a stream starts with keep-alives when compression takes longer
 KEEPALIVE_EVERY_S = 2.0
-READY_TIMEOUT_S = 5.0  # /readyz: how long each deployment has to answer
-
-
-async def _awaited(call: Any) -> Any:
-    return await call
+PARSE_INLINE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop (< ~1 ms)
 
 
 def _http_host() -> str | None:
@@ -160,12 +158,6 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return _framework_error(400, "the request could not be read", "invalid_request")
 
 
-def _too_large(limit: int) -> PFlashError:
-    exc = PFlashError(f"request body exceeds {limit} bytes", param=None, code="request_too_large")
-    exc.http_status, exc.error_type = 413, "invalid_request_error"
-    return exc
-
-
 class _DrafterHandle:
     """The DrafterScorer deployment as the flow's scorer: the response is returned unawaited,
     so the flow can hand it to the probe as an object ref; the conversation key routes it to
@@ -194,15 +186,33 @@ class _ProbeHandle:
 
 class _StoreActor:
     """The SessionStore deployment actor as a `StoreClient`, resolved on first use and again
-    after a failure (the controller recreates it)."""
+    after a failure (the controller recreates it).
 
-    def __init__(self) -> None:
+    The actor is created with the views config of the deploy (`build_app`); a live change
+    (`user_config`) and the tenants of revoked API keys reach it through `configure`, and
+    are pushed before the next call, also to a recreated actor, which starts from the
+    deploy's config again."""
+
+    def __init__(self, views: dict[str, Any]) -> None:
         self.actor = None
+        self.views = views  # the live `ViewsConfig` keys
+        self.forget: set[str] = set()  # tenants whose views to drop
+        self._pushed = False
+
+    def configure(self, views: dict[str, Any], forget: Iterable[str] = ()) -> None:
+        self.views, self._pushed = views, False
+        self.forget |= set(forget)
 
     async def _call(self, method: str, *args):
         try:
             if self.actor is None:
                 self.actor = serve.get_deployment_actor(STORE_NAME)
+                self._pushed = False
+            if not self._pushed:
+                forget = tuple(self.forget)
+                await self.actor.reconfigure.remote(self.views, forget)
+                self.forget -= set(forget)
+                self._pushed = True
             return await getattr(self.actor, method).remote(*args)
         except Exception:
             self.actor = None
@@ -219,6 +229,12 @@ class _StoreActor:
 
     async def report_acceptance(self, session, accept_rate, r0):
         return await self._call("report_acceptance", session, accept_rate, r0)
+
+
+def _views_part(config: PFlashConfig) -> dict[str, Any]:
+    """The session store's part of `config`: its `ViewsConfig` keys that differ from the
+    defaults (what `build_app` gives the actor)."""
+    return config.part(ViewsConfig).model_dump(mode="json", exclude_defaults=True)
 
 
 @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64)
@@ -238,6 +254,7 @@ class Ingress:
         self.drafter_tokenizer = load_tokenizer(
             self.config.drafter_tokenizer or self.config.drafter
         )
+        self.token_bound = TokenBound.of(self.target_tokenizer)  # None: no early prompt check
         self.target = target
         self._drafter, self._probe = drafter, probe
         self.metrics = ServeMetrics()
@@ -247,21 +264,36 @@ class Ingress:
             drafter_tokenizer=self.drafter_tokenizer,
             scorer=_DrafterHandle(drafter),
             probe=_ProbeHandle(probe) if probe is not None else None,
-            store=_StoreActor(),
+            store=_StoreActor(_views_part(self.config)),
             max_context=self.config.max_context or self._target_context,
             record=self.metrics.record,
             trace=self.trace,
             offload=asyncio.to_thread,
         )
+        checks = {
+            "target": lambda: self.target.ready.remote(),
+            "drafter": lambda: self._drafter.ready.remote(),
+            "session_store": lambda: self.compressor.store._call("stats"),
+        }
+        if probe is not None:
+            checks["probe"] = lambda: self._probe.params.remote()
+        self.readiness = ReadinessCache(checks)
         try:  # sent as x-pflash-replica so an operator can follow a conversation's turns
             self.replica = serve.get_replica_context().replica_id.unique_id
         except Exception:
             self.replica = "local"
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """Apply `user_config` live: every PFlash knob, validated like at startup."""
+        """Apply `user_config` live: every PFlash knob, validated like at startup. The
+        session store gets its part (view capacity and TTL) and drops the views of the
+        tenants whose API keys were removed."""
+        old_keys = self.config.api_keys
         self.config = build_config({**self._base, **(user_config or {})})
+        old_policy = self.tenants
         self.tenants = tenant_policy(self.config.security, _http_host())
+        revoked = set(old_keys) - set(self.config.api_keys)
+        forget = [tenant_for(old_policy, f"Bearer {key}", None).id for key in revoked]
+        self.compressor.store.configure(_views_part(self.config), forget)
         if self.config.trace_path != self.trace.path:
             self.trace.close()
             self.trace = TraceWriter(self.config.trace_path)
@@ -279,36 +311,13 @@ class Ingress:
 
     @app.get("/readyz")
     async def readyz(self) -> JSONResponse:
-        """Ready = every deployment of the graph answers within `READY_TIMEOUT_S` with its
-        model loaded (`/healthz` only says this process lives). A 503 lists which did not;
-        load balancers and KubeRay's readiness probe route on it."""
-        calls = {
-            "target": self.target.ready.remote(),
-            "drafter": self._drafter.ready.remote(),
-            "session_store": self.compressor.store._call("stats"),
-        }
-        if self._probe is not None:
-            calls["probe"] = self._probe.params.remote()
-        checks = {}
-        for name, call in calls.items():
-            try:
-                await asyncio.wait_for(_awaited(call), READY_TIMEOUT_S)
-                checks[name] = "ok"
-            except Exception as exc:
-                log.warning("readyz: %s did not answer: %s", name, type(exc).__name__)
-                checks[name] = "unavailable"
-        if all(v == "ok" for v in checks.values()):
-            return JSONResponse({"status": "ready", "checks": checks})
-        body = {
-            "error": {
-                "message": "not ready: " + ", ".join(k for k, v in checks.items() if v != "ok"),
-                "type": "service_unavailable",
-                "param": None,
-                "code": "not_ready",
-            },
-            "checks": checks,
-        }
-        return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+        """Ready = every deployment of the graph (target, drafter, session store, probe)
+        answered a check recently (`/healthz` only says this process lives); a 503 lists
+        which did not. Answered from `pflash.readiness`'s cache, which asks each deployment
+        once per interval in the background, so a flood of probes sends no remote calls."""
+        status, body = await self.readiness.answer()
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if status != 200 else None
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> JSONResponse:
@@ -347,17 +356,26 @@ class Ingress:
         forwarded = ",".join(request.headers.getlist("x-forwarded-for"))
         return tenant_for(self.tenants, request.headers.get("authorization"), peer, forwarded)
 
-    async def _read_body(self, request: Request) -> bytes:
-        limit = self.config.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise _too_large(limit)
-        body = b""
-        async for part in request.stream():
-            body += part
-            if len(body) > limit:
-                raise _too_large(limit)
-        return body
+    def _admit(self, body: bytes, kind: str, edge: api.Edge | None = None):
+        """Parse and validate the body (an `edge` API's as its chat request), apply the
+        request's overrides and the output cap, and refuse a prompt certain to exceed
+        `max_prompt_tokens` before it is rendered: (the edge exchange or None, the request,
+        its config, its sampling parameters)."""
+        exchange = edge.parse(body) if edge is not None else None
+        if exchange is not None:
+            req = exchange.chat
+        elif kind == "chat":
+            req = api.parse_chat_request(body)
+        else:
+            req = api.parse_completion_request(body)
+        config = self.config
+        req.check_allowed(config)
+        config = config.with_request_overrides(
+            mode=req.pflash_mode, keep_ratio=req.pflash_keep_ratio
+        )
+        params = cap_output(req.sampling_params(), config.max_output_tokens)
+        check_prompt_bound(req, kind, self.token_bound, config.max_prompt_tokens)
+        return exchange, req, config, params
 
     async def _serve(self, request: Request, kind: str, edge: api.Edge | None = None):
         """auth → parse → render → compress → stream (or one response), within the
@@ -370,23 +388,19 @@ class Ingress:
         try:
             tenant = self._authorize(request)
             trace_tenant(tenant.id)  # this request's task: its trace lines name it
-            body = await self._read_body(request)
-            if edge is not None:
-                exchange = edge.parse(body)
-                req = exchange.chat
-            else:
-                req = (
-                    api.parse_chat_request(body)
-                    if kind == "chat"
-                    else api.parse_completion_request(body)
-                )
-            config = self.config
-            req.check_allowed(config)
-            check_return_prompt(tenant, req.pflash_return_prompt)
-            config = config.with_request_overrides(
-                mode=req.pflash_mode, keep_ratio=req.pflash_keep_ratio
+            body = await read_body(
+                request.stream(),
+                limit=self.config.max_body_bytes,
+                timeout_s=self.config.body_read_timeout_s,
+                declared=request.headers.get("content-length"),
             )
-            params = req.sampling_params()
+            if len(body) > PARSE_INLINE_BYTES:  # a large body is parsed off the event loop
+                exchange, req, config, params = await asyncio.to_thread(
+                    self._admit, body, kind, edge
+                )
+            else:
+                exchange, req, config, params = self._admit(body, kind, edge)
+            check_return_prompt(tenant, req.pflash_return_prompt)
             prompt = await asyncio.to_thread(render_request, req, kind, self.target_tokenizer)
             check_prompt_limit(prompt, config)
         except Exception as exc:  # validation and rendering errors: 4xx before any model runs

@@ -5,12 +5,18 @@ It is Ray Serve's deployment-scoped actor of the Ingress deployment (one instanc
 deployment, recreated by the controller on failure). Views are a cache: losing the actor
 costs the next turn a fresh compression, never a wrong answer, so a call that fails is
 treated as "no view". Calls are small (hashes in, one View out).
+
+The actor serves up to 64 calls at once on a pool of threads (`max_concurrency`), so the
+state it holds must be safe across threads: the `ViewStore` locks itself, and the adaptive
+keep ratios are read and moved under this class's own lock.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import ray
@@ -21,17 +27,23 @@ from pflash.views.decision import View
 from pflash.views.store import ViewStore
 
 
-@ray.remote(num_cpus=0, max_concurrency=64)
-class SessionStoreActor:
+class SessionStore:
+    """The actor's state and calls, as a plain class (`SessionStoreActor` is its Ray actor)."""
+
     def __init__(self, config: dict[str, Any]):
         """`config`: the keys of the `ViewsConfig` (build_app)."""
         cfg = build_part(ViewsConfig, config)
         self.views = ViewStore.from_config(cfg)
         self.adaptive = AdaptiveKeep.from_config(cfg)
+        self._adaptive_lock = threading.Lock()
 
-    def reconfigure(self, config: dict[str, Any]) -> None:
+    def reconfigure(self, config: dict[str, Any], forget: Iterable[str] = ()) -> dict[str, int]:
+        """Apply the live `ViewsConfig` keys (the ingress pushes its `user_config`) and drop
+        every view of the tenants in `forget` (revoked API keys). Returns how many views of
+        each forgotten tenant were dropped."""
         cfg = build_part(ViewsConfig, config)
         self.views.reconfigure(cfg.view_capacity, cfg.view_ttl_s)
+        return {tenant: self.views.forget_tenant(tenant) for tenant in forget}
 
     def lookup(self, tenant: str, keys: tuple) -> View | None:
         return self.views.lookup(tenant, keys)
@@ -40,17 +52,26 @@ class SessionStoreActor:
         self.views.remember(view)
 
     def keep_ratio(self, session: str, r0: float) -> float:
-        return self.adaptive.ratio(session, r0)
+        with self._adaptive_lock:
+            return self.adaptive.ratio(session, r0)
 
     def report_acceptance(self, session: str, accept_rate: float | None, r0: float) -> None:
-        self.adaptive.report(session, accept_rate, r0)
+        with self._adaptive_lock:
+            self.adaptive.report(session, accept_rate, r0)
 
     def stats(self) -> dict[str, Any]:
+        with self._adaptive_lock:
+            sessions = len(self.adaptive)
         return {
             "views": dataclasses.asdict(self.views.stats()),
-            "adaptive_sessions": len(self.adaptive),
+            "adaptive_sessions": sessions,
             "time": time.time(),
         }
+
+
+@ray.remote(num_cpus=0, max_concurrency=64)
+class SessionStoreActor(SessionStore):
+    """The deployment-scoped actor (build_app); its process is titled `ray::SessionStoreActor`."""
 
 
 STORE_NAME = "sessions"

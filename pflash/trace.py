@@ -1,5 +1,5 @@
 """JSONL traces: one line per selection (`trace_path`) and per served prompt
-(`view_trace_path`), ALGORITHM.md §5.9.
+(a record type nothing writes yet), ALGORITHM.md §5.9.
 
 Why a background writer: a trace is for offline inspection (`pflash trace view`, parity
 checks against the reference). It must never slow down or fail a request. `TraceWriter.write`

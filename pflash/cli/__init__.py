@@ -110,7 +110,7 @@ def _add_trace(sub: argparse._SubParsersAction) -> None:
     view = tsub.add_parser(
         "view", help="one self-contained HTML page per traced request (kept/dropped, scores)"
     )
-    view.add_argument("trace", help="a selection (trace_path) or view (view_trace_path) JSONL")
+    view.add_argument("trace", help="a selection (trace_path) or view trace JSONL")
     view.add_argument(
         "-o", "--output", required=True, help="page.html (several records: page-N.html)"
     )

@@ -12,7 +12,7 @@ resources), so a page can be attached to an issue or opened offline:
 
 Selection traces (`trace_path`) hold drafter token ids, so their text is decoded with the
 drafter tokenizer (`--tokenizer`, default the embedded model). View traces
-(`view_trace_path`) hold the served text itself and are shown with their stats.
+(a record type nothing writes yet) hold the served text itself and are shown with their stats.
 """
 
 from __future__ import annotations

@@ -516,6 +516,11 @@ class ServerConfig(Component):
         description="How a chat answer's tool calls are read when the request declares tools: hermes (<tool_call>{json}</tool_call> blocks naming a declared function become tool_calls, as vLLM's hermes parser reads them) or none (the text is returned as is).",
     )
     max_body_bytes: int = Field(16 << 20, ge=1024, description="Largest accepted request body.")
+    body_read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a client has to send the whole request body; a slower body is a 408 (request_timeout), so a client trickling bytes cannot hold a slot.",
+    )
     served_model_names: tuple[str, ...] = Field(
         ("pflash",),
         min_length=1,
@@ -528,6 +533,11 @@ class ServerConfig(Component):
         131072,
         ge=1,
         description="Most prompt tokens (target tokens, rendered) a request may carry: a 400 before any model runs, for what the deployment is sized for; null = no limit. Prompts over the target's context but under this are compressed to fit.",
+    )
+    max_output_tokens: int | None = Field(
+        4096,
+        ge=1,
+        description="Most tokens one request may generate: a request without max_tokens (or with null) gets at most this many, one asking for more is a 400 naming max_tokens; null = up to the context.",
     )
     request_timeout_s: float = Field(
         900.0,
@@ -545,9 +555,6 @@ class ServerConfig(Component):
         description="Longest one SessionStore call may take; a slower one counts as no view (views are a cache).",
     )
     trace_path: str | None = Field(None, description="JSONL selection trace path; unset = off.")
-    view_trace_path: str | None = Field(
-        None, description="JSONL served-prompt trace path; unset = off."
-    )
 
 
 class SecurityConfig(Component):

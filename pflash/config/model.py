@@ -47,6 +47,11 @@ from pflash.errors import ConfigError
 
 ENV_PREFIX = "PFLASH_"
 
+REMOVED_KEYS: dict[str, str] = {
+    "view_trace_path": "view_trace_path was removed (nothing wrote it); use trace_path",
+}
+"""Keys that were once accepted -> what to do instead (an error, never silently ignored)."""
+
 P = TypeVar("P", bound=BaseModel)
 
 
@@ -298,6 +303,8 @@ def _given(data: Mapping[str, Any], key: str) -> Any:
 
 def _unknown_key(loc: tuple[str, ...]) -> str:
     *where, key = loc
+    if key in REMOVED_KEYS:
+        return REMOVED_KEYS[key]
     if not where:
         return (
             "unknown key; known keys: "
@@ -350,6 +357,9 @@ def build_config(
     """Defaults < `data` (YAML/dict, flat or nested keys) < `PFLASH_*` entries of `env`
     (os.environ when None)."""
     env = os.environ if env is None else env
+    for key, why in REMOVED_KEYS.items():
+        if _env_key(key) in env:
+            raise ConfigError(_env_key(key), env[_env_key(key)], why)
     overrides = {f: _parse_env_value(f, env[_env_key(f)]) for f in FIELDS if _env_key(f) in env}
     merged = {**PFlashConfig.nest(data or {}), **overrides}  # flat keys after: env wins
     try:

@@ -13,6 +13,7 @@ prefixes at its own turn boundaries (`views.view_keys`), and the longest match w
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -46,7 +47,12 @@ class StoreStats:
 
 
 class ViewStore:
-    """In-memory, bounded, tenant-scoped views (not thread-safe: one actor owns it).
+    """In-memory, bounded, tenant-scoped views, safe to call from many threads at once.
+
+    The SessionStore actor serves its callers on a pool of threads, so every public method
+    holds one lock for its whole read-modify-write: a lookup racing a drop must not put a
+    dropped view back, nor two remembers race on the conversation index or the counters.
+    Calls are small (a few dict operations), so the lock is held for microseconds.
 
     - `lookup(tenant, candidates)`: the view stored under the longest candidate key of
       that tenant, refreshed (LRU order, `used` time), or None. Expired views are dropped,
@@ -67,6 +73,7 @@ class ViewStore:
         self._views: OrderedDict[_Key, View] = OrderedDict()  # least recently used first
         self._by_conversation: dict[tuple[str, str], _Key] = {}
         self._counts = dict(hits=0, misses=0, stored=0, replaced=0, evicted=0, expired=0)
+        self._lock = threading.Lock()  # held by every public method; internals assume it
 
     @classmethod
     def from_config(cls, config: PFlashConfig, **kwargs) -> ViewStore:
@@ -76,14 +83,39 @@ class ViewStore:
         """Apply a live config change (`user_config`): shrink at once if needed."""
         if capacity < 1 or not ttl_s > 0:
             raise ValueError(f"capacity must be >= 1 and ttl_s > 0, got {capacity}, {ttl_s}")
-        self.capacity, self.ttl_s = capacity, ttl_s
-        self._expire(self._clock())
-        self._evict()
+        with self._lock:
+            self.capacity, self.ttl_s = capacity, ttl_s
+            self._expire(self._clock())
+            self._evict()
 
     def __len__(self) -> int:
-        return len(self._views)
+        with self._lock:
+            return len(self._views)
 
     def lookup(self, tenant: str, candidates: Sequence[PrefixHash]) -> View | None:
+        with self._lock:
+            return self._lookup(tenant, candidates)
+
+    def remember(self, view: View) -> None:
+        with self._lock:
+            self._remember(view)
+
+    def forget_tenant(self, tenant: str) -> int:
+        """Drop every view of `tenant` (a revoked API key); returns how many."""
+        with self._lock:
+            keys = [k for k in self._views if k[0] == tenant]
+            for k in keys:
+                self._drop(k)
+            return len(keys)
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            return StoreStats(
+                size=len(self._views), capacity=self.capacity, ttl_s=self.ttl_s, **self._counts
+            )
+
+    # ------------------------------------------------------------------ internals
+    def _lookup(self, tenant: str, candidates: Sequence[PrefixHash]) -> View | None:
         now = self._clock()
         for cand in sorted(candidates, key=lambda c: c.length, reverse=True):
             key = (tenant, cand.length, cand.digest)
@@ -102,7 +134,7 @@ class ViewStore:
         self._counts["misses"] += 1
         return None
 
-    def remember(self, view: View) -> None:
+    def _remember(self, view: View) -> None:
         now = self._clock()
         key = (view.tenant, view.key.length, view.key.digest)
         old = self._by_conversation.get((view.tenant, view.conversation))
@@ -118,19 +150,6 @@ class ViewStore:
         self._expire(now)
         self._evict()
 
-    def forget_tenant(self, tenant: str) -> int:
-        """Drop every view of `tenant` (a revoked API key); returns how many."""
-        keys = [k for k in self._views if k[0] == tenant]
-        for k in keys:
-            self._drop(k)
-        return len(keys)
-
-    def stats(self) -> StoreStats:
-        return StoreStats(
-            size=len(self._views), capacity=self.capacity, ttl_s=self.ttl_s, **self._counts
-        )
-
-    # ------------------------------------------------------------------ internals
     def _expired(self, view: View, now: float) -> bool:
         return now - view.used > self.ttl_s
 

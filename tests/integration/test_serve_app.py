@@ -17,6 +17,8 @@ import asyncio
 import copy
 import json
 import os
+import select
+import socket
 import sys
 import time
 from pathlib import Path
@@ -37,6 +39,7 @@ KEY = "test-key-1"
 OTHER_KEY = "test-key-2"
 NEEDLE = "The special magic quokka number is: 7318842."
 QUESTION = "What is the special magic quokka number?"
+BODY_READ_TIMEOUT_S = 5
 
 
 def _config(tmp: Path, port: int) -> Path:
@@ -52,6 +55,7 @@ def _config(tmp: Path, port: int) -> Path:
         threshold=100_000,  # auto never compresses here; tests ask with pflash_mode
         api_keys=[KEY, OTHER_KEY],
         max_body_bytes=2_000_000,
+        body_read_timeout_s=BODY_READ_TIMEOUT_S,  # the slow-body test waits this long
         chat_compress_new_tokens=1000,  # a 2K-token paste counts as large on an 8K model
         # The view mechanics are asserted on the fixed 64-token grid, whose selection on this
         # document was measured; probe segmentation has its own tests (test_probe*.py).
@@ -1045,3 +1049,70 @@ def test_readyz_reports_every_deployment_ready(server):
         "status": "ready",
         "checks": {"target": "ok", "drafter": "ok", "session_store": "ok"},
     }
+
+
+def _trickle(server: str, path: str, headers: dict[str, str], declared: int, limit_s: float):
+    """Send a request's headers, then its body one byte every 0.5 s until the server
+    answers: (status, JSON body, seconds from the headers to the answer)."""
+    host, port = server.removeprefix("http://").rsplit(":", 1)
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    head += f"Content-Length: {declared}\r\n\r\n"
+    answer = b""
+    with socket.create_connection((host, int(port)), timeout=limit_s) as sock:
+        sock.sendall(head.encode())
+        started = time.monotonic()
+        sent = 0
+        while time.monotonic() - started < limit_s:
+            if select.select([sock], [], [], 0.5)[0]:
+                chunk = sock.recv(65536)
+                answer += chunk
+                top, _, body = answer.partition(b"\r\n\r\n")
+                length = [
+                    int(line.split(b":", 1)[1])
+                    for line in top.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ]
+                if not chunk or (length and len(body) >= length[0]):
+                    break
+            elif sent < declared - 1:  # never the last byte: the body stays incomplete
+                sock.sendall(b" ")
+                sent += 1
+        elapsed = time.monotonic() - started
+    top, _, body = answer.partition(b"\r\n\r\n")
+    return int(top.split(b" ", 2)[1]), json.loads(body), elapsed
+
+
+def test_a_body_trickled_slower_than_body_read_timeout_is_a_408_in_the_envelope(server):
+    """A client that sends its headers and then a byte every half second holds its slot
+    for body_read_timeout_s at most; the answer is a 408 naming the limit."""
+    status, body, elapsed = _trickle(
+        server, "/v1/chat/completions", AUTH, declared=10_000, limit_s=BODY_READ_TIMEOUT_S + 30
+    )
+    assert status == 408
+    assert body["error"]["code"] == "request_timeout"
+    assert "body_read_timeout_s" in body["error"]["message"]
+    assert BODY_READ_TIMEOUT_S - 0.5 <= elapsed < BODY_READ_TIMEOUT_S + 10
+
+
+def test_max_tokens_past_max_output_tokens_is_a_400_naming_it(server):
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4097}
+    r = httpx.post(f"{server}/v1/chat/completions", json=chat, headers=AUTH, timeout=60)
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "max_tokens"
+    assert "max_output_tokens" in r.json()["error"]["message"]
+
+
+def test_a_flood_of_readyz_probes_is_answered_from_the_cache(server):
+    """200 probes at once all answer ready, quickly: none of them calls a model."""
+
+    async def flood():
+        async with httpx.AsyncClient(timeout=30) as http:
+            started = time.monotonic()
+            answers = await asyncio.gather(*(http.get(f"{server}/readyz") for _ in range(200)))
+            return [a.status_code for a in answers], time.monotonic() - started
+
+    httpx.get(f"{server}/readyz", timeout=30)  # the first probe starts the refresher
+    statuses, elapsed = asyncio.run(flood())
+    assert statuses == [200] * 200
+    assert elapsed < 20

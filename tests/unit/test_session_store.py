@@ -146,3 +146,114 @@ def test_stats_count_lookups_and_stores():
 def test_store_bounds_must_be_positive(capacity, ttl):
     with pytest.raises(ValueError):
         ViewStore(capacity, ttl)
+
+
+# ---------------------------------------------------------------------- many callers at once
+# The SessionStore actor serves 64 calls at once on threads. These tests hammer the real
+# classes from 64 threads with the interpreter switching threads every microsecond, then
+# check what every caller did against what the store says.
+
+CALLERS = 64
+ROUNDS = 60
+
+
+def _hammer(worker) -> list[BaseException]:
+    """Run `worker(i)` on CALLERS threads released together; the exceptions they raised."""
+    import sys
+    import threading
+
+    errors: list[BaseException] = []
+    start = threading.Barrier(CALLERS)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            worker(i)
+        except BaseException as exc:  # every failure is reported, not lost in a thread
+            errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(CALLERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    return errors
+
+
+def _check_index(store: ViewStore) -> None:
+    """Each stored view is its conversation's one view, and the index names only them."""
+    views, index = dict(store._views), dict(store._by_conversation)
+    assert {(v.tenant, v.conversation): k for k, v in views.items()} == index
+
+
+def test_64_concurrent_callers_keep_the_view_store_consistent():
+    """Lookups, remembers, drops (forget_tenant) and TTL expiry from 64 threads: no call
+    fails, every lookup and remember is counted once, no dropped view comes back."""
+    import itertools
+
+    ticks = itertools.count()
+    store = ViewStore(4096, 0.05, clock=lambda: next(ticks) * 1e-4)  # 500 calls' TTL
+    dropped = [0] * CALLERS
+    revived = []
+
+    def worker(i: int) -> None:
+        tenant = f"tenant-{i % 16}"  # 4 threads per tenant: drops race the others' calls
+        store.remember(_view(10, tenant=f"stale-{i}", conversation="c"))  # left to expire
+        for r in range(ROUNDS):
+            conv = f"c{i}-{r % 3}"
+            store.remember(_view(10 + (r % 40), tenant=tenant, conversation=conv, turn=r))
+            store.lookup(tenant, _keys(5, 10 + (r % 40), 60))
+            if r % 20 == 19:
+                dropped[i] += store.forget_tenant(tenant)
+        own = f"solo-{i}"  # a tenant only this thread uses: once dropped, never seen again
+        store.remember(_view(10, tenant=own, conversation="c"))
+        dropped[i] += store.forget_tenant(own)
+        for _ in range(5):
+            if store.lookup(own, _keys(10)) is not None:
+                revived.append(own)
+
+    errors = _hammer(worker)
+    stats = store.stats()
+    assert errors == []
+    assert revived == []
+    lookups = CALLERS * (ROUNDS + 5)
+    assert stats.hits + stats.misses == lookups
+    assert stats.stored == CALLERS * (ROUNDS + 2)
+    assert stats.expired >= CALLERS  # at least every stale view expired
+    gone = stats.replaced + stats.evicted + stats.expired + sum(dropped)
+    assert stats.stored - gone == stats.size == len(store._views)
+    _check_index(store)
+
+
+def test_64_concurrent_callers_keep_the_session_store_actor_consistent():
+    """The actor's own class (what Ray runs with max_concurrency=64): views and adaptive
+    keep ratios moved from 64 threads, then the counts equal what the callers did."""
+    from deployments.session_store import SessionStore
+
+    actor = SessionStore({"view_capacity": 4096, "adaptive_sessions": 4096})
+
+    def worker(i: int) -> None:
+        for r in range(ROUNDS):
+            actor.remember(_view(10 + r, tenant=f"t{i}", conversation=f"c{r}"))
+            assert actor.lookup(f"t{i}", _keys(10 + r)).conversation == f"c{r}"
+            actor.report_acceptance(f"t{i}:s{r % 7}", 0.5, 0.3)
+            ratio = actor.keep_ratio(f"t{i}:s{r % 7}", 0.3)
+            assert 0 < ratio <= 1
+            actor.stats()
+        forgotten = actor.reconfigure({"view_capacity": 4096}, forget=[f"t{i}"])
+        assert forgotten == {f"t{i}": ROUNDS}
+        assert actor.lookup(f"t{i}", _keys(10)) is None
+
+    errors = _hammer(worker)
+    stats = actor.stats()
+    assert errors == []
+    assert stats["views"]["size"] == 0
+    assert stats["views"]["stored"] == stats["views"]["hits"] == CALLERS * ROUNDS
+    assert stats["views"]["misses"] == CALLERS
+    assert stats["adaptive_sessions"] == CALLERS * 7
+    _check_index(actor.views)
