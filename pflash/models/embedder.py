@@ -16,6 +16,7 @@ Precision (`semantic_embedder_dtype`): on a CPU that multiplies bfloat16 nativel
 BF16 or AMX) the weights run in bfloat16, 1.7-1.9x faster on this machine's CPU with the
 same passage ranking (rank correlation >= 0.999 against float32 over bench prompts;
 BENCHMARKS.md); elsewhere bfloat16 is emulated and slower, so `auto` keeps float32 there.
+Beside a GPU drafter the embedder runs on the same GPU, where `auto` is bfloat16.
 """
 
 from __future__ import annotations
@@ -112,8 +113,8 @@ def native_bf16(flags: frozenset[str]) -> bool:
 
 
 def embedder_dtype(choice: EmbedderDtype, *, native: bool) -> torch.dtype:
-    """The torch dtype of `semantic_embedder_dtype`: `auto` is bfloat16 where the CPU has it
-    natively (`native`), else float32."""
+    """The torch dtype of `semantic_embedder_dtype`: `auto` is bfloat16 where the device
+    multiplies it natively (`native`: a GPU, or a CPU with AVX-512 BF16 or AMX), else float32."""
     if choice == "auto":
         return torch.bfloat16 if native else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[choice]
@@ -130,17 +131,19 @@ def this_cpu_native_bf16() -> bool:
 
 class SentenceEmbedder:
     """Mean-pooled, L2-normalised sentence embeddings from a local BERT-style model, its
-    weights in `dtype`; the embeddings are float32 whatever the dtype."""
+    weights in `dtype` on `device` (the drafter's: a GPU drafter embeds on its GPU); the
+    embeddings are float32 numpy arrays whatever the dtype and device."""
 
-    def __init__(self, spec: str, dtype: torch.dtype = torch.float32):
+    def __init__(self, spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
         from transformers import AutoModel, AutoTokenizer
 
         directory = resolve_embedder(spec)
         self.spec = spec
         self.dtype = dtype
+        self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-        model = AutoModel.from_pretrained(str(directory), local_files_only=True)
-        self.model = model.to(dtype).eval()
+        model = AutoModel.from_pretrained(str(directory), local_files_only=True, dtype=dtype)
+        self.model = model.to(device=self.device, dtype=dtype).eval()
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """float32 [len(texts), dim], unit rows. Batched by token count, so padding stays
@@ -155,11 +158,11 @@ class SentenceEmbedder:
                 idx = order[k : k + BATCH]
                 batch = self.tokenizer.pad(
                     {"input_ids": [encoded[i] for i in idx]}, return_tensors="pt"
-                )
+                ).to(self.device)
                 hidden = self.model(**batch).last_hidden_state  # [B, L, dim]
                 mask = batch["attention_mask"][..., None].to(hidden.dtype)  # [B, L, 1]
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # [B, dim]
-                out[idx] = torch.nn.functional.normalize(pooled, dim=-1).float().numpy()
+                out[idx] = torch.nn.functional.normalize(pooled, dim=-1).float().cpu().numpy()
         return out
 
     def similarity(self, queries: Sequence[str], texts: Sequence[str]) -> np.ndarray:
@@ -171,8 +174,10 @@ class SentenceEmbedder:
 
 
 @lru_cache(maxsize=2)
-def load_embedder(spec: str, dtype: torch.dtype = torch.float32) -> SentenceEmbedder:
-    """One embedder per spec, dtype and process: every drafter scorer in a process (the
-    replica has one; a benchmark or a test session builds many) shares its weights,
+def load_embedder(
+    spec: str, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> SentenceEmbedder:
+    """One embedder per spec, dtype, device and process: every drafter scorer in a process
+    (the replica has one; a benchmark or a test session builds many) shares its weights,
     read-only."""
-    return SentenceEmbedder(spec, dtype)
+    return SentenceEmbedder(spec, dtype, device)

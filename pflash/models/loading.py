@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pflash.errors import ModelUnavailable
+from pflash.errors import ConfigError, ModelUnavailable
 from pflash.models.gguf_io import GGUFFacts, read_gguf_facts
 from pflash.models.source import ModelSource, cache_dir, file_sha256, resolve_source
 
@@ -41,7 +41,7 @@ class LoadedModel:
     sources and the config's model_type for HF directories; `gguf` holds the guarded facts.
     """
 
-    model: object  # transformers PreTrainedModel, eval mode, float32
+    model: object  # transformers PreTrainedModel, eval mode (float32 on CPU, bfloat16 on GPU)
     source: ModelSource
     sha256: str | None
     load_seconds: float
@@ -148,14 +148,31 @@ def _load_gguf(source: ModelSource, facts: GGUFFacts, torch_dtype):
 
 
 def resolve_device(choice: str = "auto") -> str:
-    """ "cuda" when asked, or when "auto" and a GPU is visible to this process; else "cpu"."""
+    """ "cuda" when asked, or when "auto" and a GPU is visible to this process; else "cpu".
+
+    Asking for cuda where torch sees no GPU is a `ConfigError` naming the `device` key and
+    the fixes, at startup: a replica that silently fell back to the CPU would score 128K
+    tokens in minutes instead of seconds."""
     import torch
 
     if choice == "cuda" and not torch.cuda.is_available():
-        raise ModelUnavailable("device cuda was requested but no GPU is visible to this replica")
+        raise ConfigError(
+            "device",
+            choice,
+            "torch sees no GPU in this process (torch.cuda.is_available() is False): set "
+            "device: cpu (or auto), or run the replica with a GPU (ray_actor_options "
+            "num_gpus) and a CUDA build of torch",
+        )
     if choice == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return choice
+
+
+def model_dtype(device: str) -> str:
+    """The dtype a model's weights are loaded in on `device`: bfloat16 on a GPU (its matmul
+    units' native type; half the memory), float32 on a CPU (bfloat16 there is emulated on
+    most CPUs and slower). The scorer's softmax and mass run in float32 either way."""
+    return "bfloat16" if str(device).startswith("cuda") else "float32"
 
 
 def use_device(choice: str = "auto") -> str:
@@ -168,15 +185,15 @@ def use_device(choice: str = "auto") -> str:
     return device
 
 
-def load_causal_lm(spec: str, *, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
-    """Load `spec` as an AutoModelForCausalLM in eval mode on `device` (float32 weights:
-    the scorer's softmax runs in fp32; GPU serving of a large target belongs to an upstream)."""
+def load_causal_lm(spec: str, *, dtype: str | None = None, device: str = "cpu") -> LoadedModel:
+    """Load `spec` as an AutoModelForCausalLM in eval mode on `device`, its weights in
+    `dtype` (None = `model_dtype(device)`: float32 on CPU, bfloat16 on a GPU)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     source = resolve_source(spec)
     t0 = time.perf_counter()
-    torch_dtype = getattr(torch, dtype)
+    torch_dtype = getattr(torch, dtype or model_dtype(device))
     facts = None
     if not source.is_gguf:
         model = AutoModelForCausalLM.from_pretrained(
@@ -194,7 +211,7 @@ def load_causal_lm(spec: str, *, dtype: str = "float32", device: str = "cpu") ->
         if from_cache:
             try:
                 model = AutoModelForCausalLM.from_pretrained(
-                    str(converted), dtype=torch_dtype, local_files_only=True
+                    str(converted), dtype=torch.float32, local_files_only=True
                 )
                 check_against_facts(model, facts)
             except Exception as err:  # half-written, or converted by an older, unguarded loader
@@ -202,7 +219,10 @@ def load_causal_lm(spec: str, *, dtype: str = "float32", device: str = "cpu") ->
                 shutil.rmtree(converted, ignore_errors=True)
                 model, from_cache = None, False
         if model is None:
-            model = _load_gguf(source, facts, torch_dtype)
+            # dequantized and cached in float32 whatever this load asks for: the cache is
+            # keyed by the file alone, so a GPU load must not leave bfloat16-rounded
+            # weights for a later CPU load
+            model = _load_gguf(source, facts, torch.float32)
             tmp = converted.with_name(converted.name + f".tmp{os.getpid()}")
             _save_dequantized(model, tmp)
             if converted.exists():
@@ -210,8 +230,7 @@ def load_causal_lm(spec: str, *, dtype: str = "float32", device: str = "cpu") ->
             else:
                 os.replace(tmp, converted)
         check_against_facts(model, facts)
-    if device != "cpu":
-        model.to(device)
+    model.to(device=device, dtype=torch_dtype)
     model.eval()
     seconds = time.perf_counter() - t0
     log.info(

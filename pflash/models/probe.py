@@ -496,11 +496,12 @@ class SegmentProbe:
                 "probe", f"tap has shape {tap.shape}, expected [S, {self.identity.n_embd}]"
             )
         x = torch.from_numpy(np.ascontiguousarray(tap, dtype=np.float32))
+        x = x.to(self.net.norm.weight.device)  # the net sits on the default device it was built on
         with torch.inference_mode():
             unit, sub = self.net.probabilities(x)
         if not bool(torch.isfinite(unit).all()):
             raise CompressionFailed("probe", "non-finite boundary probabilities")
-        return unit.numpy(), (sub.numpy() if sub is not None else None)
+        return unit.cpu().numpy(), (sub.cpu().numpy() if sub is not None else None)
 
     def __call__(self, scores: ScoreResult) -> tuple[np.ndarray, np.ndarray | None]:
         if scores.tap is None:

@@ -144,12 +144,18 @@ def attention_shape(attn, model) -> tuple[int, int, int]:
     return cfg.num_attention_heads, cfg.num_key_value_heads, d
 
 
+def weight_dtype(layer) -> torch.dtype:
+    """The dtype of a decoder layer's attention weights (float32 on CPU, bfloat16 on a GPU)."""
+    return layer.self_attn.q_proj.weight.dtype
+
+
 def head_keys(
     layer, x: torch.Tensor, *, n_kv: int, head: ScoringHead | None = None
 ) -> torch.Tensor:
-    """K_j = k_norm(k_proj(input_layernorm(x_j))), no rotary. x [c, hidden] -> [c, Hk, D] fp32."""
+    """K_j = k_norm(k_proj(input_layernorm(x_j))), no rotary. x [c, hidden] -> [c, Hk, D] fp32.
+    The projections run in the layer's own dtype (bfloat16 on a GPU), as the model's do."""
     attn = layer.self_attn
-    h = layer.input_layernorm(x)
+    h = layer.input_layernorm(x.to(weight_dtype(layer)))
     k = F.linear(h, head.k_weight) if head is not None else attn.k_proj(h)  # [c, Hk*D]
     k = k.view(x.shape[0], n_kv, -1)  # [c, Hk, D]
     if hasattr(attn, "k_norm"):
@@ -160,9 +166,10 @@ def head_keys(
 def head_queries(
     layer, x: torch.Tensor, *, n_head: int, gated: bool, head: ScoringHead | None = None
 ) -> torch.Tensor:
-    """Q = q_norm(query half of q_proj(input_layernorm(x))), no rotary. x [n, hidden] -> [n, H, D]."""
+    """Q = q_norm(query half of q_proj(input_layernorm(x))), no rotary. x [n, hidden] -> [n, H, D]
+    fp32; the projections run in the layer's own dtype, as in `head_keys`."""
     attn = layer.self_attn
-    h = layer.input_layernorm(x)
+    h = layer.input_layernorm(x.to(weight_dtype(layer)))
     if head is not None:  # the trained head holds query rows only
         q = F.linear(h, head.q_weight).view(x.shape[0], n_head, -1)  # [n, H, D]
     else:

@@ -70,7 +70,7 @@ def _question_logprob(model, seqs: list[list[int]], nq: int) -> np.ndarray:
         picked = logp.gather(-1, targets[..., None])[..., 0]  # [B, nq-1]
         if not torch.isfinite(picked).all():
             raise FloatingPointError("non-finite question log-probabilities")
-        out[batch] = picked.double().mean(dim=1).numpy()
+        out[batch] = picked.double().mean(dim=1).cpu().numpy()
     return out
 
 

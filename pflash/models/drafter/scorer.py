@@ -153,6 +153,7 @@ class DrafterScorer:
         )
         self.model = self.loaded.model
         self.model.eval()
+        self.device = next(self.model.parameters()).device
         self.calibration = self._load_calibration(config.drafter_calibration)
         self.profile = resolve_profile(
             self.loaded, config, self.calibration.layer if self.calibration else None
@@ -162,7 +163,9 @@ class DrafterScorer:
         self.scale = float(getattr(self.layer.self_attn, "scaling", self.head_dim**-0.5))
         self.head = self._load_head(config.scoring_head_gguf)
         self.head_weights = (  # [H]: weighted mean over heads (§3.3 step 6), None = plain mean
-            torch.tensor(self.calibration.head_weights) if self.calibration else None
+            torch.tensor(self.calibration.head_weights, device=self.device)
+            if self.calibration
+            else None
         )
         self.sessions = SessionTable(config.drafter_sessions)
         self._embedder: SentenceEmbedder | None = None
@@ -230,11 +233,17 @@ class DrafterScorer:
                 "a trained scoring head needs strict selection (select_mode not legacy)",
             )
         hidden = self.model.config.get_text_config().hidden_size
-        return load_scoring_head(
+        head = load_scoring_head(
             path,
             self.head_identity(),
             q_shape=(self.n_head * self.head_dim, hidden),
             k_shape=(self.n_kv * self.head_dim, hidden),
+        )
+        like = self.layer.self_attn.q_proj.weight  # the head runs where the layer does
+        return replace(
+            head,
+            q_weight=head.q_weight.to(device=like.device, dtype=like.dtype),
+            k_weight=head.k_weight.to(device=like.device, dtype=like.dtype),
         )
 
     def new_cache(self):
@@ -289,6 +298,13 @@ class DrafterScorer:
             cache, start, length, self.window, additive=self.model.dtype if eager else None
         )
 
+    def _on_device(self):
+        """The context a scoring pass runs in: tensors the scorer and the model code create
+        without naming a device land beside the weights (a GPU drafter used in process, where
+        no deployment made cuda the default device). A no-op on CPU: the context costs a
+        Python dispatch per torch call."""
+        return torch.device(self.device) if self.device.type != "cpu" else nullcontext()
+
     # ------------------------------------------------------------------ contract
     def __call__(self, req: ScoreRequest) -> ScoreResult:
         _validate(req)
@@ -319,7 +335,7 @@ class DrafterScorer:
         asked_tap = req.want_tap
         if req.projection_passages:  # the projection reads the tap of this same pass
             req = replace(req, want_tap=True)
-        with torch.inference_mode():
+        with torch.inference_mode(), self._on_device():
             if req.scorer == "head":
                 result = self._score_head(req, use_session=use_session)
             else:
@@ -371,9 +387,12 @@ class DrafterScorer:
         """The sentence embedder for semantic evidence; a missing one is ModelUnavailable."""
         spec = getattr(self.config, "semantic_embedder", "embedded:all-minilm-l6-v2")
         choice = getattr(self.config, "semantic_embedder_dtype", "auto")
-        dtype = embedder_dtype(choice, native=this_cpu_native_bf16())
-        if self._embedder is None or (self._embedder.spec, self._embedder.dtype) != (spec, dtype):
-            self._embedder = load_embedder(spec, dtype)
+        on_gpu = self.device.type == "cuda"
+        dtype = embedder_dtype(choice, native=on_gpu or this_cpu_native_bf16())
+        device = str(self.device)
+        held = self._embedder
+        if held is None or (held.spec, held.dtype, str(held.device)) != (spec, dtype, device):
+            self._embedder = load_embedder(spec, dtype, device)
         return self._embedder
 
     def _with_likelihood(self, req: ScoreRequest, result: ScoreResult) -> ScoreResult:
@@ -430,7 +449,7 @@ class DrafterScorer:
             self.sessions.put(key, new)
         return ScoreResult(
             mass=mass,
-            tap=tap.numpy() if tap is not None else None,
+            tap=tap.cpu().numpy() if tap is not None else None,
             scorer_resume=plan.resume,
             scorer_new_tokens=len(ids) - plan.resume,
             scorer_forward_ms=fwd.ms,
@@ -471,7 +490,7 @@ class DrafterScorer:
         mass, scored = self._head_mass(req, keys, fwd.window_rows(), lookahead=rows)
         return ScoreResult(
             mass=mass,
-            tap=torch.cat(fwd.tap).numpy() if req.want_tap else None,
+            tap=torch.cat(fwd.tap).cpu().numpy() if req.want_tap else None,
             scorer_resume=0,
             scorer_new_tokens=len(ids),
             scorer_forward_ms=fwd.ms,
@@ -506,7 +525,7 @@ class DrafterScorer:
             weights.append(w.weight)
         if not masses:
             raise CompressionFailed("drafter", "no query window could be scored")
-        return mix_window_masses(masses, weights).numpy().astype(np.float32), len(masses)
+        return mix_window_masses(masses, weights).cpu().numpy().astype(np.float32), len(masses)
 
     def _extras(self, **kw) -> dict:
         return {
@@ -574,7 +593,7 @@ class DrafterScorer:
                 out.checkpoint = snapshot_recurrent(cache, resume)
         needed = [w.span for w in windows if w.span.begin >= resume]
         handles = self._capture_legacy_queries(out, legacy_rows) if legacy_rows else []
-        ids_t = torch.tensor(ids, dtype=torch.long)
+        ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
         cuts = (checkpoint_at,) if checkpoint_at is not None else ()
         cuts += stride_cuts(resume, s, self.window if is_windowed(cache) else None)
         t0 = time.perf_counter()
@@ -607,6 +626,8 @@ class DrafterScorer:
                         out.rows.setdefault(span, []).append(x[lo - a : hi - a])
                 if b == checkpoint_at:
                     out.checkpoint = snapshot_recurrent(cache, b)
+            if ids_t.is_cuda:  # the forward's kernels are queued: wait for them to be timed
+                torch.cuda.synchronize(ids_t.device)
         finally:
             for h in handles:
                 h.remove()
@@ -658,8 +679,8 @@ class DrafterScorer:
         )
         return ScoreResult(
             mass=mass,
-            legacy=smooth_in_range(score, kernel).numpy().astype(np.float32),
-            tap=torch.cat(fwd.tap).numpy() if req.want_tap else None,
+            legacy=smooth_in_range(score, kernel).cpu().numpy().astype(np.float32),
+            tap=torch.cat(fwd.tap).cpu().numpy() if req.want_tap else None,
             scorer_resume=0,
             scorer_new_tokens=s,
             scorer_forward_ms=fwd.ms,
