@@ -255,7 +255,8 @@ def decide_view(
         return _without_view(fresh, "generation_prompt_not_suffix")
 
     same = view is not None and view.tenant == tenant and _same_prompt(view, prompt.raw)
-    related = same or (view is not None and _usable(view, prompt, tenant))
+    usable = view is not None and _usable(view, prompt, tenant)
+    related = same or usable
     stale: Reason | None = None
     if related and view.selection != prompt.selection:
         stale = "options_changed"  # selected for another query, required set, ratio, mode
@@ -278,7 +279,7 @@ def decide_view(
             fresh_tokens=_fresh_tokens(fresh),
         )
 
-    if view is None or not _usable(view, prompt, tenant):
+    if not usable:
         reason: Reason = "no_view" if view is None else "view_unusable"
         return _fresh_view(prompt, fresh, "fresh", reason, 1, tenant, conversation, now)
 
