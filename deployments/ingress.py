@@ -3,7 +3,8 @@
 It carries; `pflash` decides. Per request:
 
     auth → parse (pflash.api) → render once (pflash.compress.rendered)
-    → await Compressor.run (pflash.compressor: gate, view, drafter, probe, select, fit)
+    → await Compressor.start (plan: the client's mistakes are a 4xx before any byte)
+    → Pending.finish (pflash.compressor: view, drafter, probe, select, fit)
     → TargetModel.generate (remote stream) → SSE / JSON
 
 The Compressor reaches the DrafterScorer, SegmentProbe and SessionStore through the small
@@ -325,7 +326,10 @@ class Ingress:
             self._authorize(request)
         except PFlashError as exc:
             return error_json(exc)
-        max_len = await self.compressor.max_context()
+        try:
+            max_len = await self.compressor.max_context()
+        except PFlashError as exc:  # the target did not answer: 503/504 naming it, Retry-After
+            return error_json(exc)
         cards = [
             api.ModelCard(id=name, max_model_len=max_len) for name in self.config.served_model_names
         ]
@@ -413,7 +417,12 @@ class Ingress:
         headers = {"x-pflash-replica": self.replica, "x-request-id": rid}
         if edge is not None and edge.id_header:
             headers[edge.id_header] = rid
-        compression = asyncio.ensure_future(self.compressor.run(job))
+        try:  # planning raises the client's mistakes: a 4xx before any byte is sent
+            async with asyncio.timeout_at(deadline):
+                pending = await self.compressor.start(job)
+        except Exception as exc:
+            return error_json(exc, rid, edge)
+        compression = asyncio.ensure_future(pending.finish())
 
         def stream(*, keepalive: bool) -> StreamingResponse:
             events = self._stream(

@@ -2,7 +2,11 @@
 assemble → fit, with every decision made here and every remote part injected.
 
 The ingress, `pflash compress` and the benchmark runners all call `Compressor.run`; what
-differs between them is only what is plugged in:
+differs between them is only what is plugged in. `run` is two steps: `start` plans (query
+and required-string mapping, budget, whether what must be kept fits the context) and
+raises every client mistake it finds; the returned `Pending.finish` runs the rest (view,
+drafter, probe, selection, assembly). The ingress awaits `start` before it sends a byte,
+so a client mistake is a 4xx, never an in-band error after a 200.
 
 - `scorer(request, conversation)`: the drafter. It returns an awaitable of `ScoreResult`
   that may be awaited more than once (a Ray `DeploymentResponse`, or an asyncio task for an
@@ -21,7 +25,14 @@ differs between them is only what is plugged in:
 
 Fail closed: a scorer, probe, mapping, selection or ceiling failure raises
 `CompressionFailed` naming the stage. Only a drafter-stage failure under
-`on_drafter_error: bypass` serves the prompt uncompressed (counted as a bypass).
+`on_drafter_error: bypass` serves the prompt uncompressed (counted as a bypass); a failure
+once the scores are in is selection's (or the stage it names) and is never bypassed. Every
+`pflash_required` string is checked in what is served, whatever served it.
+
+One module of ~670 lines on purpose: the flow (start, finish, the fresh and view paths, the
+context and required checks) reads top-down in one place, and the in-process parts every
+CLI, benchmark and test plugs into it (`local_scorer`, `LocalProbe`, `LocalStore`,
+`ScoreOnce`, `compress_in_process`) sit at its end, next to the protocols they implement.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -40,6 +51,7 @@ import numpy as np
 from pflash.compress.budget import configured_keep_ratio
 from pflash.compress.pipeline import (
     Compressed,
+    Prepared,
     PromptInput,
     finish,
     passthrough,
@@ -96,7 +108,10 @@ class CompressionRequest:
       (the adaptive keep ratio follows only client-named sessions);
     - `max_output`: max_tokens (target tokens; 0 when unset);
     - `keep_text`: the caller needs the served text even when nothing is compressed
-      (pflash_return_prompt), so mode off decodes it.
+      (pflash_return_prompt), so mode off decodes it;
+    - `keep_ratio`: the request's own `pflash_keep_ratio` (already applied to `config`), or
+      None. A request that names its ratio gets it: the adaptive controller moves only the
+      server's ratio, never one the request set.
     """
 
     prompt: RenderedPrompt
@@ -108,6 +123,7 @@ class CompressionRequest:
     pflash_required: tuple[str, ...] = ()
     max_output: int = 0
     keep_text: bool = False
+    keep_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +133,29 @@ class Served:
 
     compressed: Compressed
     snapshot_cut: int | None
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A request whose planning is done (`Compressor.start`): the client's mistakes that
+    planning finds are raised by then. `finish` runs the rest of the flow.
+
+    - `max_context`: the target's context (target tokens), or None;
+    - `prepared`: `pipeline.prepare` of the prompt; None in mode off;
+    - `served`: the answer when planning already decided it (mode off), else None.
+    """
+
+    compressor: Compressor = field(repr=False)
+    request: CompressionRequest
+    max_context: int | None
+    prepared: Prepared | None = None
+    served: Served | None = None
+
+    async def finish(self) -> Served:
+        """View → drafter → probe → select/assemble → checks; fail closed."""
+        if self.served is not None:
+            return self.served
+        return await self.compressor._finish(self)
 
 
 def _no_metrics(name: str, value: float = 1.0, **tags: Any) -> None:
@@ -156,56 +195,82 @@ class Compressor:
         self._probe_params = Once(probe.params) if probe is not None else None
 
     async def max_context(self) -> int | None:
-        if isinstance(self._max_context, Once):
+        """The target's context in tokens; a failed or timed-out fetch is the target's
+        stage being unavailable (a 503/504 naming it, with Retry-After)."""
+        if not isinstance(self._max_context, Once):
+            return self._max_context
+        try:
             return int(await self._max_context())
-        return self._max_context
+        except Exception as exc:
+            raise StageUnavailable("target", unwrap_remote_error(exc)) from None
 
     # ------------------------------------------------------------------ the flow
     async def run(self, request: CompressionRequest) -> Served:
         """Gate → (view) → drafter → select/assemble → context fit; fail closed."""
+        pending = await self.start(request)
+        return await pending.finish()
+
+    async def start(self, request: CompressionRequest) -> Pending:
+        """Plan the request and raise what the client got wrong, before any model runs: an
+        explicit query or required string not in the prompt, mandatory parts (or a prompt
+        the gate leaves whole) that cannot fit the context with max_tokens."""
         config, prompt = request.config, request.prompt
         max_ctx = await self.max_context()
         if config.mode == "off":
             text = prompt.text if request.keep_text else ""
-            result, cut = passthrough(prompt.ids, text), prompt.snapshot_cut
-        else:
-            r0 = configured_keep_ratio(config, len(prompt.ids))
-            if config.adaptive_keep and request.session_id:
-                r0 = await self._store_call(
-                    "keep_ratio",
-                    request.conversation,
-                    r0,
-                    default=r0,
-                    timeout_s=config.store_call_timeout_s,
-                )
-            inp = PromptInput(
-                prompt_ids=prompt.ids,
-                messages=prompt.messages,
-                tools=prompt.tools,
-                chat_template_kwargs=prompt.template_kwargs,
-                pflash_query=request.pflash_query,
-                pflash_required=request.pflash_required,
-                max_output=request.max_output,
-                max_context=max_ctx,
-                session_key=request.conversation or None,  # no key: no drafter session
-                r0=r0,
-                prompt_text=prompt.text,
+            result = passthrough(prompt.ids, text)
+            check_context(result, request, max_ctx)
+            return Pending(self, request, max_ctx, served=Served(result, prompt.snapshot_cut))
+        r0 = configured_keep_ratio(config, len(prompt.ids))
+        if config.adaptive_keep and request.session_id and request.keep_ratio is None:
+            r0 = await self._store_call(
+                "keep_ratio",
+                request.conversation,
+                r0,
+                default=r0,
+                timeout_s=config.store_call_timeout_s,
             )
-            prepared = await self.offload(prepare, inp, **self._kw(config))
-            if (
-                self.store is not None
-                and prompt.kind == "chat"
-                and config.chat_view
-                and config.strict
-            ):
-                result, view_cut = await self._serve_view(prepared, request)
-                cut = view_cut if result.compressed else prompt.snapshot_cut
-            else:
-                result = await self._fresh(prepared, request)
-                # the render's cut indexes the raw prompt: only valid when that is served
-                cut = None if result.compressed else prompt.snapshot_cut
-        check_context(result, request, max_ctx)
+        inp = PromptInput(
+            prompt_ids=prompt.ids,
+            messages=prompt.messages,
+            tools=prompt.tools,
+            chat_template_kwargs=prompt.template_kwargs,
+            pflash_query=request.pflash_query,
+            pflash_required=request.pflash_required,
+            max_output=request.max_output,
+            max_context=max_ctx,
+            session_key=request.conversation or None,  # no key: no drafter session
+            r0=r0,
+            prompt_text=prompt.text,
+        )
+        prepared = await self.offload(prepare, inp, **self._kw(config))
+        if not prepared.compress and not self._views_apply(request):
+            # the prompt will be served as it is: whether it fits is known now
+            check_context(passthrough(prompt.ids, ""), request, max_ctx)
+        return Pending(self, request, max_ctx, prepared)
+
+    async def _finish(self, pending: Pending) -> Served:
+        request, prepared = pending.request, pending.prepared
+        assert prepared is not None
+        if self._views_apply(request):
+            result, view_cut = await self._serve_view(prepared, request)
+            cut = view_cut if result.compressed else request.prompt.snapshot_cut
+        else:
+            result = await self._fresh(prepared, request)
+            # the render's cut indexes the raw prompt: only valid when that is served
+            cut = None if result.compressed else request.prompt.snapshot_cut
+        check_required(result, request.pflash_required)
+        check_context(result, request, pending.max_context)
         return Served(result, cut)
+
+    def _views_apply(self, request: CompressionRequest) -> bool:
+        config = request.config
+        return (
+            self.store is not None
+            and request.prompt.kind == "chat"
+            and config.chat_view
+            and config.strict
+        )
 
     def run_sync(self, request: CompressionRequest) -> Served:
         """`run` for callers without an event loop (the CLI, benchmarks, tests)."""
@@ -272,6 +337,7 @@ class Compressor:
                         stage = "probe"
                         raise
                 scores = await response
+            stage = "selection"  # the scores are in: a failure from here on is not the drafter's
             result = await self.offload(
                 finish,
                 prepared,
@@ -384,6 +450,7 @@ def compression_request(
         pflash_required=tuple(req.pflash_required or ()),
         max_output=req.sampling_params().max_tokens or 0,
         keep_text=req.pflash_return_prompt,
+        keep_ratio=req.pflash_keep_ratio,
     )
 
 
@@ -441,6 +508,21 @@ def check_context(result: Compressed, request: CompressionRequest, max_ctx: int 
             param="messages" if request.prompt.kind == "chat" else "prompt",
             code="context_length_exceeded",
         )
+
+
+def check_required(compressed: Compressed, required: Sequence[str]) -> None:
+    """Every `pflash_required` string occurs in the served text, whatever served it (a fresh
+    selection, a view, the prompt as is). The planner pinned each string it found in the
+    prompt, so one missing here is a bug between plan and target: fail closed (a 500 naming
+    stage `required_check`) rather than let the target answer without it. Strings are taken
+    as the planner takes them (stripped, empty ones ignored). CPython's substring search
+    falls back to the linear two-way algorithm on adversarial input."""
+    for text in required:
+        needle = text.strip()
+        if needle and needle not in compressed.served_text:
+            raise CompressionFailed(
+                "required_check", f"pflash_required {needle[:80]!r} is not in the served prompt"
+            )
 
 
 class Once:

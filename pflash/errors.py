@@ -66,7 +66,8 @@ class CompressionFailed(PFlashError):
     """Compression could not produce a correct prompt. `stage` names where it failed.
 
     Stages: "query_mapping", "required_mapping", "span_validation", "context_fit",
-    "drafter", "selection", "assembly", "ceiling", "probe". A client-caused failure (an
+    "drafter", "selection", "assembly", "ceiling", "probe", "required_check" (a
+    pflash_required string missing from what is served). A client-caused failure (an
     explicit query that is not in the prompt) is a 4xx; an internal one a 5xx.
     """
 

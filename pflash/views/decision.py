@@ -51,7 +51,7 @@ from pflash.spans import (
     total_tokens,
     union,
 )
-from pflash.views.keys import PrefixHash, token_digest
+from pflash.views.keys import PrefixHash, selection_digest, token_digest
 
 Action = Literal["serve", "compress_first"]
 # `usage.timings.pflash.view.mode`: the outcome of a turn ("off" = no view involved)
@@ -63,6 +63,7 @@ Reason = Literal[
     "generation_prompt_not_suffix",  # the target-encoded generation prompt does not end the prompt
     "no_view",  # nothing stored for this prompt's prefixes
     "view_unusable",  # a stored view that does not prefix this prompt (or another tenant's)
+    "options_changed",  # the view was selected under other options (query, required, config)
     "gate_declined",  # the fresh result is the uncompressed prompt: serve it, keep no view
     "repeat",  # the same raw prompt as the view
     "agent_step",  # no new user turn, small delta: appended verbatim, no drafter
@@ -97,6 +98,9 @@ class View:
       valid for any later prompt that shares the drafter prefix.
     - `turn`: 1 for a fresh view, +1 per continue or rebuild.
     - `created` / `used`: wall-clock seconds (time.time()); the store refreshes `used`.
+    - `selection`: `keys.selection_digest` of the options the view was selected under
+      (pflash_query, pflash_required, the selection-relevant config); a request whose
+      options differ is never served this view ("" matches no request).
     """
 
     tenant: str
@@ -113,6 +117,7 @@ class View:
     turn: int
     created: float
     used: float
+    selection: str = ""
 
     @property
     def key(self) -> PrefixHash:
@@ -188,6 +193,7 @@ class _Prompt:
     raw_gen_begin: int  # target tokens
     plan: Plan
     drafter_gen_begin: int  # drafter tokens
+    selection: str  # keys.selection_digest of this request's options
 
     @property
     def n_drafter(self) -> int:
@@ -219,7 +225,11 @@ def decide_view(
     1. views off (config.chat_view false, legacy selector, not a chat with a generation
        prompt, or the target-encoded generation prompt is not a suffix of the prompt) →
        serve the fresh compression, mode "off" (compress first when there is none);
-    2. the same raw prompt as the view → repeat: the stored served prompt, byte-identical;
+    2. the tenant's view of this prompt (the same raw prompt, or a usable prefix) selected
+       under other options (`View.selection`: pflash_query, pflash_required, keep ratio,
+       mode, scorer config) → rebuild from a fresh compression, reason "options_changed";
+       the same raw prompt as the view → repeat: the stored served prompt, byte-identical,
+       unless it no longer fits with this request's max_output (→ rebuild, as in 6);
     3. no usable view (none, another tenant's, or not a prefix in both vocabularies) →
        fresh: the fresh compression becomes a turn-1 view (compress first without one);
     4. compress_new (new target tokens ≥ chat_compress_new_tokens) or recall (a new user
@@ -240,11 +250,22 @@ def decide_view(
             raise ValueError("fresh was compressed from a different prompt than prepared")
     if not _views_on(prepared, config):
         return _without_view(fresh, "views_off")
-    prompt = _prompt_facts(prepared, target_tokenizer)
+    prompt = _prompt_facts(prepared, target_tokenizer, config)
     if prompt is None:
         return _without_view(fresh, "generation_prompt_not_suffix")
 
-    if view is not None and view.tenant == tenant and _same_prompt(view, prompt.raw):
+    same = view is not None and view.tenant == tenant and _same_prompt(view, prompt.raw)
+    usable = view is not None and _usable(view, prompt, tenant)
+    related = same or usable
+    stale: Reason | None = None
+    if related and view.selection != prompt.selection:
+        stale = "options_changed"  # selected for another query, required set, ratio, mode
+    elif same and _overflows(len(view.view_tokens), prepared):
+        stale = "context_overflow"  # this request's max_tokens leaves the view no room
+    if stale is not None:
+        turn = view.turn + 1
+        return _fresh_view(prompt, fresh, "rebuild", stale, turn, tenant, view.conversation, now)
+    if same:
         return ViewDecision(
             action="serve",
             mode="repeat",
@@ -258,7 +279,7 @@ def decide_view(
             fresh_tokens=_fresh_tokens(fresh),
         )
 
-    if view is None or not _usable(view, prompt, tenant):
+    if not usable:
         reason: Reason = "no_view" if view is None else "view_unusable"
         return _fresh_view(prompt, fresh, "fresh", reason, 1, tenant, conversation, now)
 
@@ -379,9 +400,12 @@ def _views_on(prepared: Prepared, config: PFlashConfig) -> bool:
     )
 
 
-def _prompt_facts(prepared: Prepared, target_tokenizer: Tokenizer) -> _Prompt | None:
-    """The new prompt's generation prompt in both vocabularies, or None when the
-    target-encoded generation prompt is not a suffix of the raw prompt (§6.1 precondition)."""
+def _prompt_facts(
+    prepared: Prepared, target_tokenizer: Tokenizer, config: PFlashConfig
+) -> _Prompt | None:
+    """The new prompt's generation prompt in both vocabularies and its options' digest, or
+    None when the target-encoded generation prompt is not a suffix of the raw prompt (§6.1
+    precondition)."""
     plan = prepared.plan
     raw = tuple(int(i) for i in prepared.input.prompt_ids)
     layout = plan.layout
@@ -391,7 +415,14 @@ def _prompt_facts(prepared: Prepared, target_tokenizer: Tokenizer) -> _Prompt | 
     gen_ids = _encode(target_tokenizer, plan.drafter.text[gen_turn.char_role_begin :])
     if not gen_ids or not _ends_with(raw, gen_ids):
         return None
-    return _Prompt(raw, gen_ids, len(raw) - len(gen_ids), plan, layout.generation_begin)
+    return _Prompt(
+        raw,
+        gen_ids,
+        len(raw) - len(gen_ids),
+        plan,
+        layout.generation_begin,
+        selection_digest(prepared, config),
+    )
 
 
 def _same_prompt(view: View, raw: tuple[int, ...]) -> bool:
@@ -510,6 +541,7 @@ def _view_record(
         turn=turn,
         created=now,
         used=now,
+        selection=prompt.selection,
     )
 
 

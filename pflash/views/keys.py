@@ -1,13 +1,16 @@
-"""Store keys of a prompt: digests of its raw prefixes at turn boundaries (target tokens).
+"""Store keys of a prompt: digests of its raw prefixes at turn boundaries (target tokens),
+and the digest of the options a view was selected under.
 
 A view is stored under the digest of everything before its generation prompt; in the next
 turn that index is a turn boundary again, so a prompt is looked up by its prefixes at its
-own turn starts (`view_keys`): O(turns) probes and one pass over the tokens.
+own turn starts (`view_keys`): O(turns) probes and one pass over the tokens. The prefix finds
+a view; `selection_digest` says whether it may be reused for this request's options.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +18,7 @@ import numpy as np
 
 from pflash.compress.pipeline import Prepared
 from pflash.compress.query import Plan
+from pflash.config import PFlashConfig
 from pflash.spans import (
     encode_with_offsets,
 )
@@ -23,6 +27,31 @@ from pflash.spans import (
 def token_digest(ids: Sequence[int]) -> str:
     """Hex digest of a token list (blake2b-128 over little-endian int64 ids)."""
     return hashlib.blake2b(_token_bytes(ids), digest_size=16).hexdigest()
+
+
+# The config components whose fields change what a fresh compression keeps: the gate (mode,
+# threshold, keep ratio, curve), selection, lexical evidence and the scorer. Views settings
+# (recall, compress-new) change how a view is extended, not what it holds.
+SELECTION_COMPONENTS = ("gate", "selection", "lexical", "scoring")
+
+
+def selection_digest(prepared: Prepared, config: PFlashConfig) -> str:
+    """Hex digest of what decides a selection besides the prompt: the request's
+    `pflash_query` and `pflash_required`, and the effective config (request overrides
+    applied) of `SELECTION_COMPONENTS`.
+
+    A view holds what was selected under these options; a request with other options (a
+    required string, another query, keep ratio or mode, a reconfigured scorer) must not be
+    served it. The adaptive keep ratio is not part of it: it moves a conversation's ratio
+    turn by turn, and the conversation's view continues across those moves."""
+    inp = prepared.input
+    options = {
+        "pflash_query": inp.pflash_query,
+        "pflash_required": list(inp.pflash_required),
+        **{name: getattr(config, name).model_dump(mode="json") for name in SELECTION_COMPONENTS},
+    }
+    payload = json.dumps(options, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(payload, digest_size=16).hexdigest()
 
 
 def _token_bytes(ids: Sequence[int]) -> bytes:

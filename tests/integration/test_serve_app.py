@@ -351,6 +351,31 @@ def test_explicit_query_not_in_prompt_fails_closed_as_400(server):
     assert "query" in r.json()["error"]["code"]
 
 
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"pflash_query": "this sentence is nowhere in the prompt"}, "pflash_query_mapping"),
+        ({"pflash_required": ["nor is this one"]}, "pflash_required_mapping"),
+        ({"max_tokens": 9000}, "pflash_context_fit"),
+    ],
+    ids=["query", "required", "context_fit"],
+)
+def test_a_streamed_request_gets_what_planning_finds_as_a_4xx_before_any_byte(server, fields, code):
+    """Planning completes before the stream starts: a client mistake is a 400 in the
+    envelope, never a 200 followed by an in-band error event."""
+    body = {
+        "messages": _long_messages(12000),
+        "max_tokens": 4,
+        "stream": True,
+        "pflash_mode": "always",
+        **fields,
+    }
+    r = httpx.post(f"{server}/v1/chat/completions", json=body, headers=AUTH, timeout=120)
+    assert r.status_code == 400, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json()["error"]["code"] == code
+
+
 def test_prompt_over_the_context_with_compression_off_is_a_400(server):
     r = httpx.post(
         f"{server}/v1/completions",

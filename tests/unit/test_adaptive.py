@@ -125,3 +125,73 @@ def test_from_config_uses_the_configured_bounds_and_capacity():
 def test_acceptance_outside_zero_one_is_rejected(bad):
     with pytest.raises(ValueError):
         update_keep(AdaptiveState(0.8, R0, 1), bad, R0, 0.025, 0.20)
+
+
+# --------------------------------------------------------------------------- in the flow
+
+DOCUMENT = " ".join(f"Clause {i} says the licensee keeps the notice intact." for i in range(300))
+# views off: each request here is compressed afresh, so its keep ratio shows in its stats
+FLOW = dict(mode="always", keep_ratio=0.1, chat_view=False, select_semantic_weight=0.0)
+
+
+def _served_keep_ratio(tokenizer, adaptive: AdaptiveKeep, **fields) -> float:
+    """The effective keep ratio (`usage.timings.pflash.keep_ratio`) a chat request is
+    compressed with, through the flow the ingress runs (`with_request_overrides`,
+    `compression_request`, `Compressor.run`)."""
+    import numpy as np
+
+    from pflash import api
+    from pflash.compress.scoring import ScoreResult
+    from pflash.compressor import (
+        Compressor,
+        LocalStore,
+        compression_request,
+        local_scorer,
+        render_request,
+    )
+    from pflash.views.store import ViewStore
+
+    def uniform(request):
+        return ScoreResult(mass=np.full(len(request.ids), 1.0 / len(request.ids), np.float32))
+
+    config = build_config(FLOW, env={})
+    compressor = Compressor(
+        target_tokenizer=tokenizer,
+        drafter_tokenizer=tokenizer,
+        scorer=local_scorer(uniform),
+        store=LocalStore(ViewStore.from_config(config), adaptive),
+        max_context=8192,
+    )
+    body = {"messages": [{"role": "user", "content": DOCUMENT + "\n\nWhat is kept?"}], **fields}
+    req = api.parse_chat_request(body)
+    config = config.with_request_overrides(mode=req.pflash_mode, keep_ratio=req.pflash_keep_ratio)
+    job = compression_request(req, render_request(req, "chat", tokenizer), config, "tenant-a")
+    return compressor.run_sync(job).compressed.stats["keep_ratio"]
+
+
+def _moved_controller() -> AdaptiveKeep:
+    """A controller whose session "s1" (tenant-a) was moved to its floor by high acceptance."""
+    ctl = AdaptiveKeep.from_config(build_config(FLOW, env={}))
+    for _ in range(20):
+        ctl.report("tenant-a:s1", 0.95, 0.1)
+    assert ctl.ratio("tenant-a:s1", 0.1) == 0.025
+    return ctl
+
+
+def test_an_explicit_keep_ratio_is_honoured_with_a_session_id(smollm2_tokenizer):
+    ctl = _moved_controller()
+    explicit = _served_keep_ratio(smollm2_tokenizer, ctl, pflash_keep_ratio=0.3)
+    assert explicit > 0.3  # r0 over droppable tokens: the pinned question is kept too
+    assert (
+        _served_keep_ratio(smollm2_tokenizer, ctl, session_id="s1", pflash_keep_ratio=0.3)
+        == explicit
+    )
+
+
+def test_the_controller_moves_the_server_default_ratio_of_a_session(smollm2_tokenizer):
+    ctl = _moved_controller()
+    moved = _served_keep_ratio(smollm2_tokenizer, ctl, session_id="s1")
+    assert moved == _served_keep_ratio(smollm2_tokenizer, ctl, pflash_keep_ratio=0.025)
+    default = _served_keep_ratio(smollm2_tokenizer, ctl)
+    assert moved < default
+    assert _served_keep_ratio(smollm2_tokenizer, ctl, session_id="other") == default

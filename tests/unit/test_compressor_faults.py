@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import pytest
 
 from pflash import api
+from pflash.compress.scoring import ScoreResult
 from pflash.compressor import Compressor, LocalStore, Once, compression_request, render_request
 from pflash.config import build_config
 from pflash.errors import CompressionFailed, StageUnavailable
@@ -210,3 +212,122 @@ def test_concurrent_first_callers_share_one_fetch_and_a_failed_fetch_is_retried(
     assert all(isinstance(r, BackPressureError) for r in first)  # 20 callers, one refusal
     assert second == [{"threshold": 0.5}] * 20 and third == {"threshold": 0.5}
     assert calls == [0, 1]  # one fetch per burst, none once the value is known
+
+
+def _uniform_scorer(calls=None):
+    """A drafter double whose scores are valid (uniform mass): what follows is selection's."""
+
+    def score(request, conversation):
+        if calls is not None:
+            calls.append(request)
+        future = asyncio.get_running_loop().create_future()
+        n = len(request.ids)
+        future.set_result(ScoreResult(mass=np.full(n, 1.0 / n, dtype=np.float32)))
+        return future
+
+    return score
+
+
+def test_a_selection_bug_is_never_served_uncompressed_under_bypass(smollm2_tokenizer, monkeypatch):
+    """`on_drafter_error: bypass` covers the drafter pass only: a failure once the scores are
+    in is selection's, a 500 naming it, not an uncompressed prompt labelled a drafter error."""
+
+    def broken_finish(*args, **kwargs):
+        raise IndexError("candidate 12 out of range")
+
+    monkeypatch.setattr("pflash.compressor.finish", broken_finish)
+    with pytest.raises(CompressionFailed) as info:
+        _run(_uniform_scorer(), None, smollm2_tokenizer, on_drafter_error="bypass")
+    assert info.value.stage == "selection"
+    assert "IndexError" in info.value.message
+    assert api.error_response(info.value)[0] == 500
+
+
+def test_an_assembly_failure_keeps_its_stage_and_is_not_bypassed(smollm2_tokenizer, monkeypatch):
+    def broken_finish(*args, **kwargs):
+        raise CompressionFailed("assembly", "selection kept no tokens")
+
+    monkeypatch.setattr("pflash.compressor.finish", broken_finish)
+    with pytest.raises(CompressionFailed) as info:
+        _run(_uniform_scorer(), None, smollm2_tokenizer, on_drafter_error="bypass")
+    assert info.value.stage == "assembly"
+
+
+def _job(tokenizer, body, **overrides):
+    config = build_config({"mode": "always", "select_semantic_weight": 0.0, **overrides}, env={})
+    req = api.parse_chat_request(body)
+    prompt = render_request(req, "chat", tokenizer)
+    return compression_request(req, prompt, config, "anonymous")
+
+
+def _compressor(tokenizer, scorer, max_context=8192):
+    return Compressor(
+        target_tokenizer=tokenizer,
+        drafter_tokenizer=tokenizer,
+        scorer=scorer,
+        max_context=max_context,
+    )
+
+
+def test_an_explicit_query_not_in_the_prompt_is_raised_by_planning_before_the_drafter(
+    smollm2_tokenizer,
+):
+    """The ingress awaits `start` before it sends a byte: a client mistake planning finds
+    is a 400 there, never an in-band error after a streamed 200."""
+    calls = []
+    body = {
+        "messages": [{"role": "user", "content": DOCUMENT + "\n\nWhat must the licensee keep?"}],
+        "pflash_query": "this sentence is nowhere in the prompt",
+    }
+    compressor = _compressor(smollm2_tokenizer, _uniform_scorer(calls))
+    with pytest.raises(CompressionFailed) as info:
+        asyncio.run(compressor.start(_job(smollm2_tokenizer, body)))
+    assert api.error_response(info.value)[0] == 400
+    assert info.value.code == "pflash_query_mapping" and calls == []
+
+
+def test_mandatory_parts_over_the_context_are_raised_by_planning(smollm2_tokenizer):
+    body = {
+        "messages": [{"role": "user", "content": DOCUMENT + "\n\nWhat must the licensee keep?"}],
+        "max_tokens": 4000,
+    }
+    compressor = _compressor(smollm2_tokenizer, _uniform_scorer(), max_context=4000)
+    with pytest.raises(CompressionFailed) as info:
+        asyncio.run(compressor.start(_job(smollm2_tokenizer, body)))
+    assert api.error_response(info.value)[0] == 400
+    assert (info.value.stage, info.value.param) == ("context_fit", "max_tokens")
+
+
+def test_planning_returns_without_waiting_for_the_drafter(smollm2_tokenizer):
+    """A slow drafter is what the stream's keep-alives cover; planning does not wait on it."""
+    body = {
+        "messages": [{"role": "user", "content": DOCUMENT + "\n\nWhat must the licensee keep?"}]
+    }
+    compressor = _compressor(smollm2_tokenizer, _hanging_scorer())
+    job = _job(smollm2_tokenizer, body, remote_call_timeout_s=0.3)
+
+    async def main():
+        pending = await asyncio.wait_for(compressor.start(job), 30)
+        assert pending.prepared is not None and pending.prepared.compress
+        with pytest.raises(StageUnavailable) as info:
+            await pending.finish()
+        return info.value
+
+    assert asyncio.run(main()).code == "pflash_drafter_timeout"
+
+
+def test_a_target_that_cannot_tell_its_context_is_a_503_naming_the_target():
+    """`/v1/models` and every request ask the target's context once: a dead target is a
+    retryable 503 in the envelope, not a plain 500."""
+
+    async def context():
+        raise DrafterDied("target actor died")
+
+    compressor = Compressor(
+        target_tokenizer=None, drafter_tokenizer=None, scorer=None, max_context=context
+    )
+    with pytest.raises(StageUnavailable) as info:
+        asyncio.run(compressor.max_context())
+    assert info.value.stage == "target"
+    assert api.error_response(info.value)[0] == 503
+    assert info.value.code == "pflash_target_replica_unavailable"

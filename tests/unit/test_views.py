@@ -12,13 +12,23 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
+from pflash import api
 from pflash.api import PFlashStats
 from pflash.compress.assemble import RECALL_FOOTER, RECALL_HEADER
 from pflash.compress.chat import render_chat
 from pflash.compress.pipeline import PromptInput, finish, prepare
 from pflash.compress.scoring import ScoreResult
+from pflash.compressor import (
+    Compressor,
+    LocalStore,
+    compression_request,
+    local_scorer,
+    render_request,
+)
 from pflash.config import build_config
+from pflash.errors import CompressionFailed
 from pflash.spans import Span, decode_ids, subtract, union
 from pflash.views.decision import decide_view, served_result
 from pflash.views.keys import boundary_hashes, token_digest, view_keys
@@ -64,7 +74,8 @@ class Conversation:
         self.store = ViewStore(16, 3600.0, clock=lambda: 100.0)
         self.scored = 0
 
-    def prepare(self, messages, max_context=None):
+    def prepare(self, messages, max_context=None, config=None, **options):
+        """`options`: the request's own PromptInput fields (pflash_query, pflash_required)."""
         text = render_chat(self.target, messages)
         ids = tuple(self.target(text, add_special_tokens=False)["input_ids"])
         inp = PromptInput(
@@ -72,15 +83,16 @@ class Conversation:
             messages=messages,
             max_output=MAX_OUTPUT,
             max_context=max_context or self.max_context,
+            **options,
         )
         return prepare(
             inp,
-            config=self.config,
+            config=config or self.config,
             target_tokenizer=self.target,
             drafter_tokenizer=self.drafter,
         )
 
-    def fresh(self, prepared, attend_to):
+    def fresh(self, prepared, attend_to, config=None):
         """The fresh compression, scored by attention mass on the sentences `attend_to`."""
         self.scored += 1
         drafter = prepared.plan.drafter
@@ -97,34 +109,35 @@ class Conversation:
         return finish(
             prepared,
             scores,
-            config=self.config,
+            config=config or self.config,
             target_tokenizer=self.target,
             drafter_tokenizer=self.drafter,
         )
 
-    def decide(self, prepared, view, fresh=None, tenant=None, now=100.0):
+    def decide(self, prepared, view, fresh=None, tenant=None, now=100.0, config=None):
         return decide_view(
             prepared,
             view,
             fresh,
             tenant=tenant or self.tenant,
             conversation="conversation-1",
-            config=self.config,
+            config=config or self.config,
             target_tokenizer=self.target,
             drafter_tokenizer=self.drafter,
             now=now,
         )
 
-    def turn(self, messages, attend_to=(NEEDLE,), max_context=None):
-        """The ingress flow: lookup, decide, (drafter, decide again), remember."""
-        prepared = self.prepare(messages, max_context)
+    def turn(self, messages, attend_to=(NEEDLE,), max_context=None, config=None, **options):
+        """The ingress flow: lookup, decide, (drafter, decide again), remember. `config`: the
+        request's config (its overrides applied); `options`: its pflash_query/required."""
+        prepared = self.prepare(messages, max_context, config, **options)
         view = self.store.lookup(self.tenant, view_keys(prepared, self.target))
-        decision = self.decide(prepared, view)
+        decision = self.decide(prepared, view, config=config)
         first = decision
         fresh = None
         if decision.needs_compression:
-            fresh = self.fresh(prepared, attend_to)
-            decision = self.decide(prepared, view, fresh)
+            fresh = self.fresh(prepared, attend_to, config)
+            decision = self.decide(prepared, view, fresh, config=config)
         if decision.view is not None:
             self.store.remember(decision.view)
         return prepared, view, first, fresh, decision
@@ -206,6 +219,121 @@ def test_boundary_hashes_equal_the_digest_of_each_prefix():
     assert [h.length for h in hashes] == [10, 40, 100]
     assert [h.digest for h in hashes] == [token_digest(raw[:n]) for n in (10, 40, 100)]
     assert token_digest(raw[:10]) != token_digest(raw[1:11])
+
+
+# --------------------------------------------------------------------------- options
+
+
+def test_a_required_string_is_not_served_a_view_selected_without_it(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    assert FACT not in d1.served_text
+    prepared, view, first, fresh, d = conv.turn(TURN1, pflash_required=(FACT,))
+    assert view is not None and view.view_tokens == d1.served_ids  # the same prompt's view
+    assert (first.action, first.reason) == ("compress_first", "options_changed")
+    assert (d.mode, d.reason, d.turn) == ("rebuild", "options_changed", 2)
+    assert d.served_ids == fresh.served_ids and FACT in d.served_text
+    assert d.view.selection != d1.view.selection
+    # the same options again repeat the new view; the first request's options rebuild again
+    *_, again = conv.turn(TURN1, pflash_required=(FACT,))
+    assert (again.mode, again.served_ids) == ("repeat", d.served_ids)
+    *_, back = conv.turn(TURN1)
+    assert (back.mode, back.reason) == ("rebuild", "options_changed")
+    assert back.served_ids == d1.served_ids
+
+
+@pytest.mark.parametrize(
+    ("options", "overrides"),
+    [
+        ({"pflash_query": "The archive password for the blue vault"}, {}),
+        ({}, {"keep_ratio": 0.3}),
+        ({}, {"mode": "auto", "threshold": 0}),
+        ({}, {"select_lexical": "off"}),
+    ],
+    ids=["pflash_query", "keep_ratio", "mode", "scorer_config"],
+)
+def test_a_view_is_repeated_only_for_the_options_it_was_selected_under(
+    smollm2_tokenizer, options, overrides
+):
+    conv = Conversation(smollm2_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    config = build_config({**CFG, **overrides}, env={})
+    prepared, view, first, fresh, d = conv.turn(TURN1, config=config, **options)
+    assert view is not None
+    assert (first.action, first.reason) == ("compress_first", "options_changed")
+    assert (d.mode, d.reason) == ("rebuild", "options_changed")
+    assert d.served_ids == fresh.served_ids
+
+
+def test_a_view_is_continued_only_for_the_options_it_was_selected_under(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    conv.turn(TURN1)
+    messages = _agent_step(TURN1, "search(quokka)", "nothing new")
+    config = build_config({**CFG, "keep_ratio": 0.3}, env={})
+    prepared, view, first, fresh, d = conv.turn(messages, config=config)
+    assert (first.action, first.reason) == ("compress_first", "options_changed")
+    assert (d.mode, d.reason, d.turn) == ("rebuild", "options_changed", 2)
+    assert d.served_ids == fresh.served_ids and conv.scored == 2
+
+
+def test_a_repeat_that_no_longer_fits_the_context_rebuilds(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    *_, d1 = conv.turn(TURN1)
+    tight = len(d1.served_ids) + MAX_OUTPUT - 1
+    prepared, view, first, fresh, d = conv.turn(TURN1, max_context=tight)
+    assert (first.action, first.reason) == ("compress_first", "context_overflow")
+    assert (d.mode, d.reason) == ("rebuild", "context_overflow")
+    assert len(d.served_ids) + MAX_OUTPUT <= tight
+
+
+def _flow(tokenizer, store):
+    """The compression flow over an in-process view store, its drafter attending to NEEDLE."""
+
+    def score(request):
+        pieces = [decode_ids(tokenizer, [t]) for t in request.ids]
+        offsets = np.cumsum([0] + [len(p) for p in pieces])
+        begin = "".join(pieces).rindex(NEEDLE)
+        inside = (offsets[1:] > begin) & (offsets[:-1] < begin + len(NEEDLE))
+        mass = np.where(inside, 1.0, 1e-6).astype(np.float32)
+        mass[request.query.begin : request.query.end] = 0.0
+        return ScoreResult(mass=mass / mass.sum())
+
+    return Compressor(
+        target_tokenizer=tokenizer,
+        drafter_tokenizer=tokenizer,
+        scorer=local_scorer(score),
+        store=LocalStore(store),
+        max_context=8192,
+    )
+
+
+def _request(tokenizer, **fields):
+    req = api.parse_chat_request({"messages": TURN1, "max_tokens": MAX_OUTPUT, **fields})
+    config = build_config(CFG, env={}).with_request_overrides(keep_ratio=req.pflash_keep_ratio)
+    return compression_request(req, render_request(req, "chat", tokenizer), config, "tenant-a")
+
+
+def test_a_request_naming_a_required_string_gets_it_though_its_prompt_has_a_view(
+    smollm2_tokenizer,
+):
+    flow = _flow(smollm2_tokenizer, ViewStore(16, 3600.0))
+    a = flow.run_sync(_request(smollm2_tokenizer)).compressed
+    assert FACT not in a.served_text and a.stats["view"]["mode"] == "fresh"
+    b = flow.run_sync(_request(smollm2_tokenizer, pflash_required=[FACT])).compressed
+    assert b.stats["view"]["mode"] == "rebuild"
+    assert FACT in b.served_text and NEEDLE in b.served_text
+
+
+def test_a_required_string_missing_from_what_is_served_fails_closed(smollm2_tokenizer, monkeypatch):
+    """Whatever serves the prompt, the required strings are checked in it: here a view is
+    (wrongly) taken as selected for any options, and the repeat it serves lacks the string."""
+    monkeypatch.setattr("pflash.views.decision.selection_digest", lambda prepared, config: "")
+    flow = _flow(smollm2_tokenizer, ViewStore(16, 3600.0))
+    flow.run_sync(_request(smollm2_tokenizer))
+    with pytest.raises(CompressionFailed) as info:
+        flow.run_sync(_request(smollm2_tokenizer, pflash_required=[FACT]))
+    assert info.value.stage == "required_check"
+    assert api.error_response(info.value)[0] == 500
 
 
 # --------------------------------------------------------------------------- continue
