@@ -29,6 +29,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pflash.compress.encoding import (
+    ControlledText,
+    encode_as_written,
+    find_controls,
+    has_control_text,
+    mark_strings,
+    unmark,
+)
 from pflash.errors import InvalidRequest
 from pflash.spans import Span, TokenizedText, decode_ids
 
@@ -153,6 +161,56 @@ def render_chat(
     return text
 
 
+def render_chat_controlled(
+    tokenizer,
+    messages: Any,
+    *,
+    tools: Sequence[Mapping] | None = None,
+    enable_thinking: bool | None = None,
+    add_generation_prompt: bool = True,
+    chat_template: str | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> ControlledText:
+    """`render_chat`, with the character ranges of the template's own control tokens.
+
+    Marker text in the client's strings (message content, tool calls and definitions,
+    template variables) stays text: when there is any, the chat is rendered once more with
+    that text wrapped in private-use marks (`encoding.mark_strings`) and the unwrapped
+    markers are the template's. A template that rewrites the marked text (so the two
+    renderings differ once the marks are removed), or client strings holding the marks
+    themselves, make the request an `InvalidRequest`: no turn is ever guessed.
+    """
+    kwargs = dict(template_kwargs or {})
+    text = render_chat(
+        tokenizer,
+        messages,
+        tools=tools,
+        enable_thinking=enable_thinking,
+        add_generation_prompt=add_generation_prompt,
+        chat_template=chat_template,
+        template_kwargs=kwargs,
+    )
+    if not has_control_text(tokenizer, [messages, tools, kwargs]):
+        return ControlledText(text, find_controls(tokenizer, text))
+    marked = render_chat(
+        tokenizer,
+        mark_strings(tokenizer, messages),
+        tools=mark_strings(tokenizer, tools),
+        enable_thinking=enable_thinking,
+        add_generation_prompt=add_generation_prompt,
+        chat_template=chat_template,
+        template_kwargs=mark_strings(tokenizer, kwargs),
+    )
+    controlled = unmark(tokenizer, marked)
+    if controlled.text != text:
+        raise InvalidRequest(
+            "the chat template rewrites the marker text in the messages, so it cannot be "
+            "kept as text",
+            param="messages",
+        )
+    return controlled
+
+
 @dataclass(frozen=True)
 class ChatInput:
     """Everything needed to re-render a chat exactly as the target prompt was rendered.
@@ -214,9 +272,9 @@ class ChatInput:
 
 
 def target_text(target_tokenizer, rendered: str) -> str:
-    """The text the target will prefill for `rendered`: its encode/decode round trip."""
-    ids = target_tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    return decode_ids(target_tokenizer, ids)
+    """The text the target will prefill for `rendered`: its encode/decode round trip (a
+    text comparison, so the markers are read as written)."""
+    return decode_ids(target_tokenizer, encode_as_written(target_tokenizer, rendered))
 
 
 # --------------------------------------------------------------------------- marker families
@@ -328,15 +386,22 @@ def _template_text(target_tokenizer, chat_template: str | None) -> str:
 
 
 def detect_family(
-    text: str, target_tokenizer, *, chat_template: str | None = None
+    text: str,
+    target_tokenizer,
+    *,
+    chat_template: str | None = None,
+    controls: Sequence[tuple[int, int]] | None = None,
 ) -> _FamilyMatch | None:
-    """The marker family of `text`, or None when no family's signature marker occurs in it."""
+    """The marker family of `text`, or None when no family's signature marker occurs in it.
+
+    `controls`: the prompt's control-token ranges; a marker that is a special token of the
+    target counts only there (marker text in a message is text). None: every occurrence."""
     template = _template_text(target_tokenizer, chat_template)
     best: _FamilyMatch | None = None
     for family in FAMILIES:
         resolved = {m: resolve_marker(target_tokenizer, m) for m, _ in family.role_markers}
         resolved.update({m: resolve_marker(target_tokenizer, m) for m in family.end_markers})
-        found = [(text.find(resolved[m].text), m) for m in family.signature]
+        found = [(_first(text, resolved[m], controls), m) for m in family.signature]
         found = [(pos, m) for pos, m in found if pos >= 0]
         if not found:
             continue
@@ -354,20 +419,39 @@ def detect_family(
     return best
 
 
+def _first(text: str, marker: ResolvedMarker, controls: Sequence[tuple[int, int]] | None) -> int:
+    """Where `marker` first occurs in `text` as the prompt's own marker, or -1."""
+    if controls is None or not marker.special:
+        return text.find(marker.text)
+    for b, e in controls:
+        if text[b:e] == marker.text:
+            return b
+    return -1
+
+
 def _rank(match: _FamilyMatch) -> tuple[bool, bool, int]:
     return (match.in_template, match.special, -match.first)
 
 
-def _occurrences(text: str, match: _FamilyMatch) -> list[_Occurrence]:
+def _occurrences(
+    text: str, match: _FamilyMatch, target_tokenizer, controls: Sequence[tuple[int, int]] | None
+) -> list[_Occurrence]:
+    """The family's markers in `text`, in order. A marker that is a special token of the
+    target counts only where it is one of the prompt's `controls` (when they are known):
+    marker text inside a message is the message's words, not a turn."""
     family = match.family
     kinds: dict[str, tuple[str | None, bool]] = {}
     for marker, role in family.role_markers:
         kinds[match.texts[marker]] = (role, True)
     for marker in family.end_markers:
         kinds[match.texts[marker]] = (None, False)
+    special = {t for t in kinds if resolve_marker(target_tokenizer, t).special}
+    own = None if controls is None else set(controls)
     pattern = re.compile("|".join(re.escape(t) for t in sorted(kinds, key=len, reverse=True)))
     out = []
     for m in pattern.finditer(text):
+        if own is not None and m.group(0) in special and m.span() not in own:
+            continue
         role, is_role = kinds[m.group(0)]
         out.append(_Occurrence(m.start(), m.end(), m.group(0), role, is_role))
     return out
@@ -458,12 +542,16 @@ def parse_chat(
     """Parse the chat turns of the prompt `drafter.text` (reference §5.3).
 
     Returns None when no marker family occurs in the text. Indices are drafter tokens.
+    Markers that are special tokens of the target are read only at the prompt's controls
+    (`drafter.controls`, the template's own markers), so marker text in a message never
+    opens a turn.
     """
     text = drafter.text
-    match = detect_family(text, target_tokenizer, chat_template=chat_template)
+    controls = drafter.controls
+    match = detect_family(text, target_tokenizer, chat_template=chat_template, controls=controls)
     if match is None:
         return None
-    occ = _occurrences(text, match)
+    occ = _occurrences(text, match, target_tokenizer, controls)
     turns: list[Turn] = []
     for i, o in enumerate(occ):
         if not o.is_role:

@@ -2,9 +2,10 @@
 
 A chat is rendered with the target's chat template and encoded exactly once here; every
 later stage (the gate, the plan, the view keys, the snapshot cut) reads this object instead
-of rendering or encoding the chat again. A raw completion is its own prompt: text encoded
-with the tokenizer's special tokens (a BOS where the tokenizer adds one), or token ids as
-sent.
+of rendering or encoding the chat again. Only the template's own markers become control
+tokens: marker text in a message stays text (`compress.encoding`). A raw completion is its
+own prompt: text encoded as written, with the tokenizer's special tokens (a BOS where the
+tokenizer adds one), or token ids as sent.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
-from pflash.compress.chat import render_chat
+from pflash.compress.chat import render_chat_controlled
+from pflash.compress.encoding import encode
 from pflash.errors import InvalidRequest
 from pflash.spans import Tokenizer, decode_ids
 
@@ -55,15 +57,16 @@ def render_chat_prompt(
     template_kwargs: Mapping[str, Any] | None = None,
 ) -> RenderedPrompt:
     """A chat rendered with the target's template (generation prompt added) and encoded
-    without special tokens (the template writes them). The snapshot cut is where the
-    rendering without the generation prompt ends, when that is a token prefix."""
+    with no special tokens added (the template writes them) and only the template's own
+    markers as control tokens. The snapshot cut is where the rendering without the
+    generation prompt ends, when that is a token prefix."""
     kwargs = dict(template_kwargs or {})
     thinking = kwargs.pop("enable_thinking", None)
-    text = render_chat(
+    full = render_chat_controlled(
         tokenizer, messages, tools=tools, enable_thinking=thinking, template_kwargs=kwargs
     )
-    ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
-    head = render_chat(
+    ids = encode(tokenizer, full.text, full.controls)
+    head = render_chat_controlled(
         tokenizer,
         messages,
         tools=tools,
@@ -71,7 +74,7 @@ def render_chat_prompt(
         template_kwargs=kwargs,
         add_generation_prompt=False,
     )
-    head_ids = tokenizer(head, add_special_tokens=False)["input_ids"]
+    head_ids = encode(tokenizer, head.text, head.controls)
     cut = (
         len(head_ids)
         if 0 < len(head_ids) < len(ids) and tuple(head_ids) == ids[: len(head_ids)]
@@ -89,8 +92,10 @@ def render_chat_prompt(
 
 
 def render_completion_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> RenderedPrompt:
-    """A raw completion prompt: text encoded with the tokenizer's special tokens, or token
-    ids checked against the vocabulary (an id outside it is a 400 naming `prompt`)."""
+    """A raw completion prompt: text encoded as written with the tokenizer's special tokens
+    (the client writes its own markers; the plain encode is `encoding.encode_as_written`
+    plus the BOS), or token ids checked against the vocabulary (an id outside it is a 400
+    naming `prompt`)."""
     if isinstance(prompt, str):
         return RenderedPrompt(
             "completion", tuple(tokenizer(prompt, add_special_tokens=True)["input_ids"]), tokenizer
