@@ -236,6 +236,25 @@ def assemble(
     )
 
 
+def joined_runs(
+    drafter_tokenizer: Tokenizer, prompt: TokenizedText, spans: Sequence[Span], *, paragraph: bool
+) -> ControlledText:
+    """Drafter spans of `prompt` as text with the prompt's controls they keep: the paragraph
+    join of their runs, or one plain decode of their ids ("" for no span). What a view
+    appends to its cached prefix is made here, as an assembly is."""
+    spans = [s for s in spans if not s.empty]
+    if not spans:
+        return ControlledText("", ())
+    runs = [_run(drafter_tokenizer, prompt.ids, s, prompt) for s in spans]
+    if paragraph:
+        return _joined(runs, _junction, skip_empty=True)
+    kept_ids = [int(i) for s in spans for i in prompt.ids[s.begin : s.end]]
+    plain = _joined(runs, lambda _left, _right: "", skip_empty=False)
+    if plain.text != decode_ids(drafter_tokenizer, kept_ids):
+        return decode(drafter_tokenizer, kept_ids)
+    return plain
+
+
 def cut_marker_drafter_tokens(drafter_tokenizer: Tokenizer) -> int:
     """Drafter tokens one `CUT_MARKER` costs (§4.9 experiment), for the selector's budget.
 

@@ -29,14 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pflash.compress.encoding import (
-    ControlledText,
-    encode_as_written,
-    find_controls,
-    has_control_text,
-    mark_strings,
-    unmark,
-)
+from pflash.compress.encoding import encode_as_written
 from pflash.errors import InvalidRequest
 from pflash.spans import Span, TokenizedText, decode_ids
 
@@ -159,56 +152,6 @@ def render_chat(
     if not isinstance(text, str):
         raise InvalidRequest("the chat template did not render text", param="messages")
     return text
-
-
-def render_chat_controlled(
-    tokenizer,
-    messages: Any,
-    *,
-    tools: Sequence[Mapping] | None = None,
-    enable_thinking: bool | None = None,
-    add_generation_prompt: bool = True,
-    chat_template: str | None = None,
-    template_kwargs: Mapping[str, Any] | None = None,
-) -> ControlledText:
-    """`render_chat`, with the character ranges of the template's own control tokens.
-
-    Marker text in the client's strings (message content, tool calls and definitions,
-    template variables) stays text: when there is any, the chat is rendered once more with
-    that text wrapped in private-use marks (`encoding.mark_strings`) and the unwrapped
-    markers are the template's. A template that rewrites the marked text (so the two
-    renderings differ once the marks are removed), or client strings holding the marks
-    themselves, make the request an `InvalidRequest`: no turn is ever guessed.
-    """
-    kwargs = dict(template_kwargs or {})
-    text = render_chat(
-        tokenizer,
-        messages,
-        tools=tools,
-        enable_thinking=enable_thinking,
-        add_generation_prompt=add_generation_prompt,
-        chat_template=chat_template,
-        template_kwargs=kwargs,
-    )
-    if not has_control_text(tokenizer, [messages, tools, kwargs]):
-        return ControlledText(text, find_controls(tokenizer, text))
-    marked = render_chat(
-        tokenizer,
-        mark_strings(tokenizer, messages),
-        tools=mark_strings(tokenizer, tools),
-        enable_thinking=enable_thinking,
-        add_generation_prompt=add_generation_prompt,
-        chat_template=chat_template,
-        template_kwargs=mark_strings(tokenizer, kwargs),
-    )
-    controlled = unmark(tokenizer, marked)
-    if controlled.text != text:
-        raise InvalidRequest(
-            "the chat template rewrites the marker text in the messages, so it cannot be "
-            "kept as text",
-            param="messages",
-        )
-    return controlled
 
 
 @dataclass(frozen=True)

@@ -312,6 +312,24 @@ def decode(tokenizer: Tokenizer, ids: Sequence[int], text: str | None = None) ->
     return ControlledText("".join(pieces), tuple(controls))
 
 
+def prompt_controls(tokenizer: Tokenizer, prompt: TokenizedText) -> Controls:
+    """The controls of an encoded prompt: its own, or as written (every marker text of
+    `tokenizer`) for one built without them."""
+    if prompt.controls is not None:
+        return tuple(prompt.controls)
+    return find_controls(tokenizer, prompt.text)
+
+
+def concat(*parts: ControlledText) -> ControlledText:
+    """The parts' texts one after another, their controls moved along."""
+    controls: list[tuple[int, int]] = []
+    size = 0
+    for part in parts:
+        controls.extend((size + b, size + e) for b, e in part.controls)
+        size += len(part.text)
+    return ControlledText("".join(p.text for p in parts), tuple(controls))
+
+
 def controls_within(controls: Sequence[tuple[int, int]], begin: int, end: int) -> Controls:
     """The controls inside characters [begin, end), shifted to start at `begin`
     (`controls` sorted)."""

@@ -139,7 +139,6 @@ def _prepare(
     target_tokenizer,
     drafter_tokenizer,
 ) -> Prepared:
-    # the prompt's text and which of its marker texts are control tokens in its ids
     decoded = encoding.decode(target_tokenizer, inp.prompt_ids, inp.prompt_text)
     prompt_text = decoded.text
     plan = plan_prompt(

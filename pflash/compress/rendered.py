@@ -15,8 +15,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
-from pflash.compress.chat import render_chat_controlled
-from pflash.compress.encoding import encode
+from pflash.compress.chat import render_chat
+from pflash.compress.encoding import (
+    ControlledText,
+    encode,
+    find_controls,
+    has_control_text,
+    mark_strings,
+    unmark,
+)
 from pflash.errors import InvalidRequest
 from pflash.spans import Tokenizer, decode_ids
 
@@ -89,6 +96,56 @@ def render_chat_prompt(
         tools=tools,
         template_kwargs=template_kwargs,
     )
+
+
+def render_chat_controlled(
+    tokenizer,
+    messages: Any,
+    *,
+    tools: Sequence[Mapping] | None = None,
+    enable_thinking: bool | None = None,
+    add_generation_prompt: bool = True,
+    chat_template: str | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> ControlledText:
+    """`render_chat`, with the character ranges of the template's own control tokens.
+
+    Marker text in the client's strings (message content, tool calls and definitions,
+    template variables) stays text: when there is any, the chat is rendered once more with
+    that text wrapped in private-use marks (`encoding.mark_strings`) and the unwrapped
+    markers are the template's. A template that rewrites the marked text (so the two
+    renderings differ once the marks are removed), or client strings holding the marks
+    themselves, make the request an `InvalidRequest`: no turn is ever guessed.
+    """
+    kwargs = dict(template_kwargs or {})
+    text = render_chat(
+        tokenizer,
+        messages,
+        tools=tools,
+        enable_thinking=enable_thinking,
+        add_generation_prompt=add_generation_prompt,
+        chat_template=chat_template,
+        template_kwargs=kwargs,
+    )
+    if not has_control_text(tokenizer, [messages, tools, kwargs]):
+        return ControlledText(text, find_controls(tokenizer, text))
+    marked = render_chat(
+        tokenizer,
+        mark_strings(tokenizer, messages),
+        tools=mark_strings(tokenizer, tools),
+        enable_thinking=enable_thinking,
+        add_generation_prompt=add_generation_prompt,
+        chat_template=chat_template,
+        template_kwargs=mark_strings(tokenizer, kwargs),
+    )
+    controlled = unmark(tokenizer, marked)
+    if controlled.text != text:
+        raise InvalidRequest(
+            "the chat template rewrites the marker text in the messages, so it cannot be "
+            "kept as text",
+            param="messages",
+        )
+    return controlled
 
 
 def render_completion_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> RenderedPrompt:
