@@ -137,11 +137,15 @@ class TokenizedText:
 
     `starts` is the sorted list of token start offsets, used for lower-bound lookups.
     Offsets of special/added tokens cover their literal text (HF fast tokenizers).
+    `controls`: the character ranges of `text` that are control tokens of the prompt (the
+    chat template's own markers, `pflash.compress.encoding`); None for a TokenizedText
+    built by hand (every marker text then counts as a control token).
     """
 
     text: str
     ids: tuple[int, ...]
     offsets: tuple[tuple[int, int], ...]
+    controls: tuple[tuple[int, int], ...] | None = field(default=None, compare=False)
     starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -181,23 +185,17 @@ class TokenizedText:
 
 
 def encode_with_offsets(tokenizer: Tokenizer, text: str) -> TokenizedText:
-    """Encode `text` (no BOS/EOS added) keeping character offsets.
+    """Encode `text` as written (no BOS/EOS added) keeping character offsets.
 
     Special tokens written in the text (chat markers) are matched as single tokens, as the
-    target would see them. Byte-level BPE can give a token an empty or shared offset range
-    (a multi-byte character split across tokens); offsets are made monotone so lookups
-    stay well defined.
+    target would read a raw prompt. A prompt whose markers are not all its template's is
+    encoded with its controls instead (`pflash.compress.encoding.encode_with_offsets`).
+    Byte-level BPE can give a token an empty or shared offset range (a multi-byte character
+    split across tokens); offsets are made monotone so lookups stay well defined.
     """
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = tuple(int(i) for i in enc["input_ids"])
-    fixed: list[tuple[int, int]] = []
-    prev = 0
-    for b, e in enc["offset_mapping"]:
-        b = max(int(b), prev)
-        e = max(int(e), b)
-        fixed.append((b, e))
-        prev = b
-    return TokenizedText(text=text, ids=ids, offsets=tuple(fixed))
+    from pflash.compress import encoding
+
+    return encoding.encode_with_offsets(tokenizer, text, encoding.find_controls(tokenizer, text))
 
 
 def decode_ids(tokenizer: Tokenizer, ids: Sequence[int]) -> str:

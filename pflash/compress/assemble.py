@@ -22,8 +22,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
+from pflash.compress.encoding import (
+    ControlledText,
+    controls_within,
+    decode,
+    encode,
+    encode_text,
+    find_controls,
+)
 from pflash.errors import CompressionFailed
-from pflash.spans import Span, Tokenizer, canonicalize, decode_ids
+from pflash.spans import Span, TokenizedText, Tokenizer, canonicalize, decode_ids
 
 CUT_MARKER = "\n[...]\n"
 RECALL_HEADER = "[Earlier in this conversation]\n"
@@ -80,7 +88,9 @@ class Assembly:
     - `kept_spans`: canonical **drafter** spans that were kept, in source order.
     - `run_texts`: each kept run decoded on its own with the drafter tokenizer.
     - `text`: the prompt text served to the target (runs joined as configured).
-    - `target_ids`: `text` encoded with the **target** tokenizer, no special tokens added.
+    - `target_ids`: `text` encoded with the **target** tokenizer, no special tokens added,
+      only `controls` as control tokens.
+    - `controls`: character ranges of `text` that are the prompt's control tokens.
     - `join_overhead`: target tokens of `text` minus target tokens of the plain text (the
       kept drafter ids decoded as one stream), when the paragraph join is used; else 0.
       Excluded from the ceiling check (§4.8). May be negative when a tokenizer merges
@@ -96,6 +106,7 @@ class Assembly:
     target_ids: tuple[int, ...]
     join_overhead: int = 0
     marker_tokens: int = 0
+    controls: tuple[tuple[int, int], ...] = ()
 
     @property
     def n_target_tokens(self) -> int:
@@ -107,9 +118,43 @@ class Assembly:
         return len(self.target_ids) - self.join_overhead
 
 
-def _encode_ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
-    """Target-side encode: no BOS/EOS added; marker text becomes marker tokens."""
-    return tuple(int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"])
+def _run(
+    drafter_tokenizer: Tokenizer, ids: Sequence[int], span: Span, prompt: TokenizedText | None
+) -> ControlledText:
+    """One kept run decoded, with the prompt's controls it holds whole.
+
+    The run's text is the prompt's characters under it (byte-level tokenizers); when it is
+    not (a run that cuts a multi-byte character), the drafter's control ids in it say
+    where the controls are. Without `prompt` the text is read as written."""
+    text = decode_ids(drafter_tokenizer, ids[span.begin : span.end])
+    if prompt is None or prompt.controls is None:
+        return ControlledText(text, ())
+    begin, end = prompt.char_span(span)
+    if prompt.text[begin:end] == text:
+        return ControlledText(text, controls_within(prompt.controls, begin, end))
+    return decode(drafter_tokenizer, ids[span.begin : span.end], text)
+
+
+def _joined(runs: Sequence[ControlledText], separator, *, skip_empty: bool) -> ControlledText:
+    """The runs joined with `separator(text so far, next run)` between them, their controls
+    moved along. Linear: the separator sees the last two characters written."""
+    parts: list[str] = []
+    controls: list[tuple[int, int]] = []
+    size = 0
+    tail = ""
+    for run in runs:
+        if skip_empty and not run.text:
+            continue
+        if parts:
+            sep = separator(tail, run.text)
+            parts.append(sep)
+            size += len(sep)
+            tail = (tail + sep)[-2:]
+        controls.extend((size + b, size + e) for b, e in run.controls)
+        parts.append(run.text)
+        size += len(run.text)
+        tail = (tail + run.text)[-2:]
+    return ControlledText("".join(parts), tuple(controls))
 
 
 def _check_kept_spans(kept_spans: Sequence[Span], n_drafter: int) -> tuple[Span, ...]:
@@ -137,6 +182,7 @@ def assemble(
     *,
     paragraph_join: bool,
     cut_marker: bool = False,
+    prompt: TokenizedText | None = None,
 ) -> Assembly:
     """Decode the kept **drafter** runs, join them, re-encode with the **target** tokenizer.
 
@@ -146,6 +192,10 @@ def assemble(
     `assembly_cut_marker`. Container headers (§4.9) need nothing here: the selector adds
     them to the kept spans (`selection.fit_assembly_overhead`).
 
+    `prompt`: the drafter encoding `drafter_ids` came from (the plan's), whose controls say
+    which marker texts in the kept runs are control tokens; the rest is encoded as text.
+    Without it the assembled text is read as written (every marker text a control token).
+
     Joining, by precedence:
     - `cut_marker` (§4.9 experiment): `CUT_MARKER` between consecutive runs; its tokens are
       reported as `marker_tokens` and count against the ceiling.
@@ -153,27 +203,56 @@ def assemble(
     - neither: the kept drafter ids decoded as one stream (the reference's plain decode).
     """
     spans = _check_kept_spans(kept_spans, len(drafter_ids))
-    run_texts = tuple(decode_ids(drafter_tokenizer, drafter_ids[s.begin : s.end]) for s in spans)
+    runs = tuple(_run(drafter_tokenizer, drafter_ids, s, prompt) for s in spans)
     kept_ids = [int(i) for s in spans for i in drafter_ids[s.begin : s.end]]
-    plain = decode_ids(drafter_tokenizer, kept_ids)
+    plain = _joined(runs, lambda _left, _right: "", skip_empty=False)
+    if plain.text != decode_ids(drafter_tokenizer, kept_ids):
+        plain = decode(drafter_tokenizer, kept_ids)
 
     marker = cut_marker and len(spans) > 1
     if marker:
-        text = CUT_MARKER.join(run_texts)
+        joined = _joined(runs, lambda _left, _right: CUT_MARKER, skip_empty=False)
     elif paragraph_join and len(spans) > 1:
-        text = _paragraph_join_text(run_texts)
+        joined = _joined(runs, _junction, skip_empty=True)
     else:
-        text = plain
-    target_ids = _encode_ids(target_tokenizer, text)
-    extra = 0 if text == plain else len(target_ids) - len(_encode_ids(target_tokenizer, plain))
+        joined = plain
+    if prompt is None or prompt.controls is None:  # read as written
+        joined = ControlledText(joined.text, find_controls(target_tokenizer, joined.text))
+        plain = ControlledText(plain.text, find_controls(target_tokenizer, plain.text))
+    target_ids = encode(target_tokenizer, joined.text, joined.controls)
+    extra = (
+        0
+        if joined.text == plain.text
+        else len(target_ids) - len(encode(target_tokenizer, plain.text, plain.controls))
+    )
     return Assembly(
         kept_spans=spans,
-        run_texts=run_texts,
-        text=text,
+        run_texts=tuple(r.text for r in runs),
+        text=joined.text,
         target_ids=target_ids,
         join_overhead=0 if marker else extra,
         marker_tokens=extra if marker else 0,
+        controls=joined.controls,
     )
+
+
+def joined_runs(
+    drafter_tokenizer: Tokenizer, prompt: TokenizedText, spans: Sequence[Span], *, paragraph: bool
+) -> ControlledText:
+    """Drafter spans of `prompt` as text with the prompt's controls they keep: the paragraph
+    join of their runs, or one plain decode of their ids ("" for no span). What a view
+    appends to its cached prefix is made here, as an assembly is."""
+    spans = [s for s in spans if not s.empty]
+    if not spans:
+        return ControlledText("", ())
+    runs = [_run(drafter_tokenizer, prompt.ids, s, prompt) for s in spans]
+    if paragraph:
+        return _joined(runs, _junction, skip_empty=True)
+    kept_ids = [int(i) for s in spans for i in prompt.ids[s.begin : s.end]]
+    plain = _joined(runs, lambda _left, _right: "", skip_empty=False)
+    if plain.text != decode_ids(drafter_tokenizer, kept_ids):
+        return decode(drafter_tokenizer, kept_ids)
+    return plain
 
 
 def cut_marker_drafter_tokens(drafter_tokenizer: Tokenizer) -> int:
@@ -184,7 +263,7 @@ def cut_marker_drafter_tokens(drafter_tokenizer: Tokenizer) -> int:
     optional candidates until the total fits. 0 when the experiment is off is the caller's
     choice (`assembly_cut_marker`).
     """
-    return len(_encode_ids(drafter_tokenizer, CUT_MARKER))
+    return len(encode_text(drafter_tokenizer, CUT_MARKER))
 
 
 class CeilingMeasured(Protocol):

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pflash.compress.encoding import encode_as_written
 from pflash.errors import InvalidRequest
 from pflash.spans import Span, TokenizedText, decode_ids
 
@@ -214,9 +215,9 @@ class ChatInput:
 
 
 def target_text(target_tokenizer, rendered: str) -> str:
-    """The text the target will prefill for `rendered`: its encode/decode round trip."""
-    ids = target_tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    return decode_ids(target_tokenizer, ids)
+    """The text the target will prefill for `rendered`: its encode/decode round trip (a
+    text comparison, so the markers are read as written)."""
+    return decode_ids(target_tokenizer, encode_as_written(target_tokenizer, rendered))
 
 
 # --------------------------------------------------------------------------- marker families
@@ -328,15 +329,22 @@ def _template_text(target_tokenizer, chat_template: str | None) -> str:
 
 
 def detect_family(
-    text: str, target_tokenizer, *, chat_template: str | None = None
+    text: str,
+    target_tokenizer,
+    *,
+    chat_template: str | None = None,
+    controls: Sequence[tuple[int, int]] | None = None,
 ) -> _FamilyMatch | None:
-    """The marker family of `text`, or None when no family's signature marker occurs in it."""
+    """The marker family of `text`, or None when no family's signature marker occurs in it.
+
+    `controls`: the prompt's control-token ranges; a marker that is a special token of the
+    target counts only there (marker text in a message is text). None: every occurrence."""
     template = _template_text(target_tokenizer, chat_template)
     best: _FamilyMatch | None = None
     for family in FAMILIES:
         resolved = {m: resolve_marker(target_tokenizer, m) for m, _ in family.role_markers}
         resolved.update({m: resolve_marker(target_tokenizer, m) for m in family.end_markers})
-        found = [(text.find(resolved[m].text), m) for m in family.signature]
+        found = [(_first(text, resolved[m], controls), m) for m in family.signature]
         found = [(pos, m) for pos, m in found if pos >= 0]
         if not found:
             continue
@@ -354,20 +362,39 @@ def detect_family(
     return best
 
 
+def _first(text: str, marker: ResolvedMarker, controls: Sequence[tuple[int, int]] | None) -> int:
+    """Where `marker` first occurs in `text` as the prompt's own marker, or -1."""
+    if controls is None or not marker.special:
+        return text.find(marker.text)
+    for b, e in controls:
+        if text[b:e] == marker.text:
+            return b
+    return -1
+
+
 def _rank(match: _FamilyMatch) -> tuple[bool, bool, int]:
     return (match.in_template, match.special, -match.first)
 
 
-def _occurrences(text: str, match: _FamilyMatch) -> list[_Occurrence]:
+def _occurrences(
+    text: str, match: _FamilyMatch, target_tokenizer, controls: Sequence[tuple[int, int]] | None
+) -> list[_Occurrence]:
+    """The family's markers in `text`, in order. A marker that is a special token of the
+    target counts only where it is one of the prompt's `controls` (when they are known):
+    marker text inside a message is the message's words, not a turn."""
     family = match.family
     kinds: dict[str, tuple[str | None, bool]] = {}
     for marker, role in family.role_markers:
         kinds[match.texts[marker]] = (role, True)
     for marker in family.end_markers:
         kinds[match.texts[marker]] = (None, False)
+    special = {t for t in kinds if resolve_marker(target_tokenizer, t).special}
+    own = None if controls is None else set(controls)
     pattern = re.compile("|".join(re.escape(t) for t in sorted(kinds, key=len, reverse=True)))
     out = []
     for m in pattern.finditer(text):
+        if own is not None and m.group(0) in special and m.span() not in own:
+            continue
         role, is_role = kinds[m.group(0)]
         out.append(_Occurrence(m.start(), m.end(), m.group(0), role, is_role))
     return out
@@ -458,12 +485,16 @@ def parse_chat(
     """Parse the chat turns of the prompt `drafter.text` (reference §5.3).
 
     Returns None when no marker family occurs in the text. Indices are drafter tokens.
+    Markers that are special tokens of the target are read only at the prompt's controls
+    (`drafter.controls`, the template's own markers), so marker text in a message never
+    opens a turn.
     """
     text = drafter.text
-    match = detect_family(text, target_tokenizer, chat_template=chat_template)
+    controls = drafter.controls
+    match = detect_family(text, target_tokenizer, chat_template=chat_template, controls=controls)
     if match is None:
         return None
-    occ = _occurrences(text, match)
+    occ = _occurrences(text, match, target_tokenizer, controls)
     turns: list[Turn] = []
     for i, o in enumerate(occ):
         if not o.is_role:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from pflash.compress import encoding
 from pflash.compress import passage_evidence as passages
 from pflash.compress.assemble import Assembly, assemble, fit_ceiling
 from pflash.compress.budget import BudgetPlan, configured_keep_ratio, plan_budget_for
@@ -138,11 +139,11 @@ def _prepare(
     target_tokenizer,
     drafter_tokenizer,
 ) -> Prepared:
-    prompt_text = inp.prompt_text
-    if prompt_text is None:
-        prompt_text = decode_ids(target_tokenizer, inp.prompt_ids)
+    decoded = encoding.decode(target_tokenizer, inp.prompt_ids, inp.prompt_text)
+    prompt_text = decoded.text
     plan = plan_prompt(
         prompt_text=prompt_text,
+        controls=decoded.controls,
         drafter_tokenizer=drafter_tokenizer,
         target_tokenizer=target_tokenizer,
         config=config,
@@ -323,6 +324,7 @@ def finish(
             spans,
             paragraph_join=config.select_paragraph_join,
             cut_marker=config.assembly_cut_marker,
+            prompt=plan.drafter,
         )
         return _Attempt(asm, sel, token_budget, pool, promoted)
 
@@ -513,6 +515,7 @@ def _finish_legacy(
         plan.drafter.ids,
         sel.kept,
         paragraph_join=config.select_paragraph_join,
+        prompt=plan.drafter,
     )
     text, ids = asm.text, list(asm.target_ids)
     # Query survival (§4.8): the question must reach the target even if its chunks were dropped.
@@ -523,7 +526,7 @@ def _finish_legacy(
         kept_ids, list(plan.drafter.ids[turn.begin : turn.end])
     ):
         text = text + "\n" + user_text
-        ids = list(target_tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids = list(encoding.encode(target_tokenizer, text, asm.controls))
     stats = {
         "compress_ms": round((time.perf_counter() - prepared.started) * 1000.0, 1),
         "drafter_input_tokens": n,

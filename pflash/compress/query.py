@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pflash.compress import encoding
 from pflash.compress.chat import (
     ASSISTANT_ROLES,
     ChatInput,
@@ -29,7 +30,6 @@ from pflash.spans import (
     Span,
     TokenizedText,
     canonicalize,
-    encode_with_offsets,
     validate_spans,
 )
 
@@ -204,6 +204,7 @@ def plan_prompt(
     pflash_required: Sequence[str] = (),
     chat_template: str | None = None,
     add_generation_prompt: bool = True,
+    controls: Sequence[tuple[int, int]] | None = None,
 ) -> Plan:
     """Plan scorer queries and pinned spans for one prompt (reference §5.3-§5.6).
 
@@ -217,6 +218,9 @@ def plan_prompt(
     - `pflash_query`: explicit query text, mapped to its last occurrence before the end of
       the latest user content; `pflash_required`: strings mapped to their last occurrence in
       the latest user content. Either not found → `CompressionFailed` (client error, 400).
+    - `controls`: the character ranges of `prompt_text` that are control tokens in the
+      target's ids (`encoding.decode`); None reads the text as written (every marker text a
+      control token). Marker text outside them stays text for the drafter and the turns.
 
     Raises `InvalidRequest` for bad input (pflash_required with the legacy selector, unknown
     roles) and `CompressionFailed` (stage query_mapping / required_mapping /
@@ -224,7 +228,9 @@ def plan_prompt(
     """
     required_texts = _required_texts(pflash_required, config)
     query_text = pflash_query.strip() if isinstance(pflash_query, str) else ""
-    drafter = encode_with_offsets(drafter_tokenizer, prompt_text)
+    if controls is None:
+        controls = encoding.find_controls(target_tokenizer, prompt_text)
+    drafter = encoding.encode_with_offsets(drafter_tokenizer, prompt_text, controls)
     n = len(drafter)
     if n == 0:
         raise CompressionFailed(
@@ -351,7 +357,7 @@ def _derive_query(
             turn_query = _tail(content, q)
     elif parser == "latest_user" and chat is not None:
         user_text = chat.messages[chat.latest_user_index()]["content"].strip()
-        query_ids = encode_with_offsets(drafter_tokenizer, user_text).ids
+        query_ids = encoding.encode_text(drafter_tokenizer, user_text)
         window = find_query_window(
             drafter.ids,
             query_ids,

@@ -2,9 +2,10 @@
 
 A chat is rendered with the target's chat template and encoded exactly once here; every
 later stage (the gate, the plan, the view keys, the snapshot cut) reads this object instead
-of rendering or encoding the chat again. A raw completion is its own prompt: text encoded
-with the tokenizer's special tokens (a BOS where the tokenizer adds one), or token ids as
-sent.
+of rendering or encoding the chat again. Only the template's own markers become control
+tokens: marker text in a message stays text (`compress.encoding`). A raw completion is its
+own prompt: text encoded as written, with the tokenizer's special tokens (a BOS where the
+tokenizer adds one), or token ids as sent.
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ from functools import cached_property
 from typing import Any, Literal
 
 from pflash.compress.chat import render_chat
+from pflash.compress.encoding import (
+    ControlledText,
+    encode,
+    find_controls,
+    has_control_text,
+    mark_strings,
+    unmark,
+)
 from pflash.errors import InvalidRequest
 from pflash.spans import Tokenizer, decode_ids
 
@@ -55,15 +64,16 @@ def render_chat_prompt(
     template_kwargs: Mapping[str, Any] | None = None,
 ) -> RenderedPrompt:
     """A chat rendered with the target's template (generation prompt added) and encoded
-    without special tokens (the template writes them). The snapshot cut is where the
-    rendering without the generation prompt ends, when that is a token prefix."""
+    with no special tokens added (the template writes them) and only the template's own
+    markers as control tokens. The snapshot cut is where the rendering without the
+    generation prompt ends, when that is a token prefix."""
     kwargs = dict(template_kwargs or {})
     thinking = kwargs.pop("enable_thinking", None)
-    text = render_chat(
+    full = render_chat_controlled(
         tokenizer, messages, tools=tools, enable_thinking=thinking, template_kwargs=kwargs
     )
-    ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
-    head = render_chat(
+    ids = encode(tokenizer, full.text, full.controls)
+    head = render_chat_controlled(
         tokenizer,
         messages,
         tools=tools,
@@ -71,7 +81,7 @@ def render_chat_prompt(
         template_kwargs=kwargs,
         add_generation_prompt=False,
     )
-    head_ids = tokenizer(head, add_special_tokens=False)["input_ids"]
+    head_ids = encode(tokenizer, head.text, head.controls)
     cut = (
         len(head_ids)
         if 0 < len(head_ids) < len(ids) and tuple(head_ids) == ids[: len(head_ids)]
@@ -88,9 +98,61 @@ def render_chat_prompt(
     )
 
 
+def render_chat_controlled(
+    tokenizer,
+    messages: Any,
+    *,
+    tools: Sequence[Mapping] | None = None,
+    enable_thinking: bool | None = None,
+    add_generation_prompt: bool = True,
+    chat_template: str | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> ControlledText:
+    """`render_chat`, with the character ranges of the template's own control tokens.
+
+    Marker text in the client's strings (message content, tool calls and definitions,
+    template variables) stays text: when there is any, the chat is rendered once more with
+    that text wrapped in private-use marks (`encoding.mark_strings`) and the unwrapped
+    markers are the template's. A template that rewrites the marked text (so the two
+    renderings differ once the marks are removed), or client strings holding the marks
+    themselves, make the request an `InvalidRequest`: no turn is ever guessed.
+    """
+    kwargs = dict(template_kwargs or {})
+    text = render_chat(
+        tokenizer,
+        messages,
+        tools=tools,
+        enable_thinking=enable_thinking,
+        add_generation_prompt=add_generation_prompt,
+        chat_template=chat_template,
+        template_kwargs=kwargs,
+    )
+    if not has_control_text(tokenizer, [messages, tools, kwargs]):
+        return ControlledText(text, find_controls(tokenizer, text))
+    marked = render_chat(
+        tokenizer,
+        mark_strings(tokenizer, messages),
+        tools=mark_strings(tokenizer, tools),
+        enable_thinking=enable_thinking,
+        add_generation_prompt=add_generation_prompt,
+        chat_template=chat_template,
+        template_kwargs=mark_strings(tokenizer, kwargs),
+    )
+    controlled = unmark(tokenizer, marked)
+    if controlled.text != text:
+        raise InvalidRequest(
+            "the chat template rewrites the marker text in the messages, so it cannot be "
+            "kept as text",
+            param="messages",
+        )
+    return controlled
+
+
 def render_completion_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> RenderedPrompt:
-    """A raw completion prompt: text encoded with the tokenizer's special tokens, or token
-    ids checked against the vocabulary (an id outside it is a 400 naming `prompt`)."""
+    """A raw completion prompt: text encoded as written with the tokenizer's special tokens
+    (the client writes its own markers; the plain encode is `encoding.encode_as_written`
+    plus the BOS), or token ids checked against the vocabulary (an id outside it is a 400
+    naming `prompt`)."""
     if isinstance(prompt, str):
         return RenderedPrompt(
             "completion", tuple(tokenizer(prompt, add_special_tokens=True)["input_ids"]), tokenizer

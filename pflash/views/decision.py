@@ -37,7 +37,8 @@ from typing import Literal
 
 import numpy as np
 
-from pflash.compress.assemble import paragraph_join, recall_text
+from pflash.compress import encoding
+from pflash.compress.assemble import joined_runs, recall_text
 from pflash.compress.chat import FAMILIES, ChatLayout, Turn, resolve_marker
 from pflash.compress.pipeline import Compressed, Prepared
 from pflash.compress.query import Plan
@@ -317,7 +318,9 @@ def decide_view(
     split = user_turn.content_begin if new_question and block else n
     paragraph = compress_new and config.select_paragraph_join
     delta_text = _delta_text(prompt.plan, delta, split, block, paragraph, drafter_tokenizer)
-    served = view.view_tokens[: view.view_gen_begin] + _encode(target_tokenizer, delta_text)
+    served = view.view_tokens[: view.view_gen_begin] + encoding.encode(
+        target_tokenizer, delta_text.text, delta_text.controls
+    )
 
     # §6.1 steps 13-14: the served prompt must still end with the generation prompt and
     # stay within the context and within twice the fresh compression
@@ -360,7 +363,7 @@ def decide_view(
         delta_spans=canonicalize(delta),
         recalled_spans=recalled,
         reused_tokens=view.view_gen_begin,
-        recalled_tokens=len(_encode(target_tokenizer, block)),
+        recalled_tokens=len(encoding.encode_text(target_tokenizer, block)),
         fresh_tokens=_fresh_tokens(fresh),
     )
 
@@ -412,7 +415,11 @@ def _prompt_facts(
     if layout.generation_turn_index is None:
         return None
     gen_turn = layout.turns[layout.generation_turn_index]
-    gen_ids = _encode(target_tokenizer, plan.drafter.text[gen_turn.char_role_begin :])
+    text, begin = plan.drafter.text, gen_turn.char_role_begin
+    controls = encoding.controls_within(
+        encoding.prompt_controls(target_tokenizer, plan.drafter), begin, len(text)
+    )
+    gen_ids = encoding.encode(target_tokenizer, text[begin:], controls)
     if not gen_ids or not _ends_with(raw, gen_ids):
         return None
     return _Prompt(
@@ -578,16 +585,17 @@ def _delta_text(
     block: str,
     paragraph: bool,
     drafter_tokenizer: Tokenizer,
-) -> str:
+) -> encoding.ControlledText:
     """§6.1 step 11: join(delta before `split`) + recall block + join(delta after), where
-    `split` (drafter tokens) is the new user turn's content start when there is a block."""
-    ids, n = plan.drafter.ids, plan.n_tokens
+    `split` (drafter tokens) is the new user turn's content start when there is a block;
+    with the prompt's controls it keeps (the recall block is text)."""
+    n = plan.n_tokens
     before = [s.clip(0, split) for s in delta]
     after = [s.clip(split, n) for s in delta]
-    return (
-        _join(drafter_tokenizer, ids, before, paragraph)
-        + block
-        + _join(drafter_tokenizer, ids, after, paragraph)
+    return encoding.concat(
+        joined_runs(drafter_tokenizer, plan.drafter, before, paragraph=paragraph),
+        encoding.ControlledText(block, ()),
+        joined_runs(drafter_tokenizer, plan.drafter, after, paragraph=paragraph),
     )
 
 
@@ -600,25 +608,6 @@ def _family_markers(
     roles = tuple(resolve_marker(target_tokenizer, m).text for m, _ in family.role_markers)
     ends = tuple(resolve_marker(target_tokenizer, m).text for m in family.end_markers)
     return roles, ends, any(role is None for _, role in family.role_markers)
-
-
-def _join(
-    drafter_tokenizer: Tokenizer, ids: Sequence[int], spans: Sequence[Span], paragraph: bool
-) -> str:
-    """Decode drafter spans: the paragraph join of each run (compressed delta) or one plain
-    decode of the concatenated ids (a verbatim delta)."""
-    spans = [s for s in spans if not s.empty]
-    if not spans:
-        return ""
-    if paragraph:
-        return paragraph_join([decode_ids(drafter_tokenizer, ids[s.begin : s.end]) for s in spans])
-    return decode_ids(drafter_tokenizer, [t for s in spans for t in ids[s.begin : s.end]])
-
-
-def _encode(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
-    if not text:
-        return ()
-    return tuple(int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _ends_with(ids: Sequence[int], suffix: Sequence[int]) -> bool:

@@ -16,12 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pflash.compress import encoding
 from pflash.compress.pipeline import Prepared
 from pflash.compress.query import Plan
 from pflash.config import PFlashConfig
-from pflash.spans import (
-    encode_with_offsets,
-)
 
 
 def token_digest(ids: Sequence[int]) -> str:
@@ -106,7 +104,11 @@ def target_turn_boundaries(
     if drafter_tokenizer is not None and drafter_tokenizer is target_tokenizer:
         target = plan.drafter
     else:
-        target = encode_with_offsets(target_tokenizer, plan.drafter.text)
+        target = encoding.encode_with_offsets(
+            target_tokenizer,
+            plan.drafter.text,
+            encoding.prompt_controls(target_tokenizer, plan.drafter),
+        )
     if target.ids != tuple(int(i) for i in raw_ids):
         return ()
     out = []
