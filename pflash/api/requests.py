@@ -3,12 +3,15 @@ an integer, 1 is not a boolean). Every validation failure becomes an `InvalidReq
 `param` names the field (`messages[2].role`), so the ingress answers 400 in the OpenAI
 error shape.
 
-Fields OpenAI defines that do not change the response shape (`user`,
-`frequency_penalty`, `response_format`, ...) are accepted and ignored; `tools` and
+Fields OpenAI defines that do not change the response shape (`frequency_penalty`,
+`response_format`, ...) are accepted and ignored (`user` too, once it checks as an
+identifier, as `session_id` does); `tools` and
 `tool_choice` decide which hermes-format calls in the answer become `tool_calls`
 (`api.tool_calls`); fields that would
 change it and are not supported (`n > 1`, `logprobs`, `echo`, `best_of`, `suffix`) are 400s.
 An unknown `pflash_*` field is a 400 too, so a misspelt extension never goes unnoticed.
+Text the server searches or matches is bounded here (`MAX_*`): the query and required
+strings are searched for in the whole prompt, stop strings after every token.
 """
 
 from __future__ import annotations
@@ -29,6 +32,13 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 PFlashMode = Literal["off", "auto", "always"]
 
 MAX_STOP_SEQUENCES = 16  # each is matched after every token; OpenAI allows 4
+MAX_STOP_CHARS = 256  # per stop string: the held-back tail is matched against its prefixes
+# the explicit query and each required string are searched for in the whole prompt
+MAX_QUERY_CHARS = 8_192
+MAX_REQUIRED_STRINGS = 16
+MAX_REQUIRED_CHARS = 4_096
+# identifiers (session_id, user) reach HTTP headers and cache keys: printable ASCII only
+MAX_IDENTIFIER_CHARS = 256
 _REQUEST_CONFIG = ConfigDict(strict=True, extra="ignore", validate_default=True)
 
 
@@ -160,6 +170,30 @@ class StreamOptions(BaseModel):
 
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+QueryStr = Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS)]
+RequiredStr = Annotated[str, Field(min_length=1, max_length=MAX_REQUIRED_CHARS)]
+
+
+def _check_identifier(value: str | None) -> str | None:
+    """`value` as an identifier: 1 to `MAX_IDENTIFIER_CHARS` printable ASCII characters,
+    no space at either end. Why: a session id is sent upstream as an HTTP header, where a
+    non-ASCII character fails inside the HTTP client and CR/LF would split the header, so a
+    client's mistake would surface as a 5xx blamed on the upstream."""
+    if value is None:
+        return None
+    if not (
+        0 < len(value) <= MAX_IDENTIFIER_CHARS
+        and value.isascii()
+        and value.isprintable()
+        and value == value.strip(" ")
+    ):
+        raise PydanticCustomError(
+            "invalid_value",
+            f"must be 1 to {MAX_IDENTIFIER_CHARS} printable ASCII characters, "
+            "without spaces at either end",
+        )
+    return value
+
 
 # fields that would change the response shape: the value each may take ("absent" = None)
 _UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
@@ -193,10 +227,14 @@ class _GenerationRequest(BaseModel):
     # PFlash extensions (top level, or via the OpenAI SDK's extra_body)
     pflash_mode: PFlashMode | None = None
     pflash_keep_ratio: float | None = Field(None, gt=0, le=1)
-    pflash_query: NonEmptyStr | None = None
-    pflash_required: list[NonEmptyStr] | None = None
-    session_id: str | None = Field(None, min_length=1, max_length=256)
+    pflash_query: QueryStr | None = None
+    pflash_required: list[RequiredStr] | None = Field(None, max_length=MAX_REQUIRED_STRINGS)
+    session_id: str | None = None
+    # OpenAI's end-user id: bounded, never used (it reaches no header, so any text is fine)
+    user: str | None = Field(None, max_length=MAX_IDENTIFIER_CHARS)
     pflash_return_prompt: bool = False
+
+    _identifiers = field_validator("session_id")(_check_identifier)
 
     @model_validator(mode="before")
     @classmethod
@@ -221,6 +259,10 @@ class _GenerationRequest(BaseModel):
         if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
             raise PydanticCustomError(
                 "invalid_type", "stop must be a non-empty string or a list of them"
+            )
+        if any(len(s) > MAX_STOP_CHARS for s in items):
+            raise PydanticCustomError(
+                "invalid_value", f"each stop sequence has at most {MAX_STOP_CHARS} characters"
             )
         if len(items) > MAX_STOP_SEQUENCES:
             raise PydanticCustomError(

@@ -18,14 +18,12 @@ nothing the model wrote is lost or invented.
 from __future__ import annotations
 
 import json
-import re
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
 
 
 def declared_names(tools: Iterable[dict[str, Any]] | None) -> frozenset[str]:
@@ -55,19 +53,36 @@ def _call(payload: str, names: frozenset[str]) -> dict[str, Any] | None:
     }
 
 
+def _blocks(text: str) -> Iterator[tuple[int, int, str]]:
+    """(start, end, payload) of each complete block, in order: an opening tag, the first
+    closing tag after it, and the stripped text between. A scan with `str.find`, so it
+    is linear in `text`: model output is untrusted, and the backtracking regex this
+    replaces was cubic on an opening tag followed by whitespace and no closing tag."""
+    pos = 0
+    while (start := text.find(OPEN, pos)) >= 0:
+        inner = start + len(OPEN)
+        close = text.find(CLOSE, inner)
+        if close < 0:
+            return  # cut off: no later opening tag can close either
+        pos = close + len(CLOSE)
+        yield start, pos, text[inner:close].strip()
+
+
 def split_tool_calls(text: str, names: frozenset[str]) -> tuple[str, list[dict[str, Any]]]:
     """(content, calls): the calls in `text` to functions in `names`, and the rest of the
     text with those blocks removed (stripped; "" when only calls were written)."""
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
     end = 0
-    for match in _BLOCK.finditer(text):
-        call = _call(match.group(1), names)
+    if not names:
+        return text, []
+    for start, stop, payload in _blocks(text):
+        call = _call(payload, names)
         if call is None:
             continue
-        kept.append(text[end : match.start()])
+        kept.append(text[end:start])
         calls.append(call)
-        end = match.end()
+        end = stop
     if not calls:
         return text, []
     kept.append(text[end:])
@@ -91,21 +106,24 @@ class ToolCallStream:
 
     `feed(delta)` returns the text that can be sent now: everything before the first
     `<tool_call>` (or before a tail that could still become one). From the first opening
-    tag on, text is held; `finish()` splits it into content and calls."""
+    tag on, text is held; `finish()` splits it into content and calls. Linear in the
+    answer: before the tag only the few held characters are searched again, after it the
+    deltas are collected as parts and joined once (a string grown with `+=` would be
+    copied on every delta)."""
 
     names: frozenset[str]
     _held: str = ""
-    _in_call: bool = False
+    _parts: list[str] = field(default_factory=list)  # from the first opening tag on
 
     def feed(self, delta: str) -> str:
-        if self._in_call:
-            self._held += delta
+        if self._parts:
+            self._parts.append(delta)
             return ""
         text = self._held + delta
         at = text.find(OPEN)
         if at >= 0:
-            self._in_call = True
-            self._held = text[at:]
+            self._held = ""
+            self._parts.append(text[at:])
             return text[:at]
         keep = _partial_open(text)
         self._held = text[len(text) - keep :] if keep else ""
@@ -113,7 +131,8 @@ class ToolCallStream:
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """(text still to send, calls). The text is what the held part keeps as content."""
-        held, self._held = self._held, ""
+        held = self._held + "".join(self._parts)
+        self._held, self._parts = "", []
         if not held:
             return "", []
         content, calls = split_tool_calls(held, self.names)

@@ -34,7 +34,9 @@ MIN_PASSAGES = 3
 MAX_SHARE = 0.1
 _NAME = re.compile(r"\b[A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*\b")
 _LOWER_WORD = re.compile(r"\b[a-z][a-z0-9]*\b")
-_SENTENCE_START = re.compile(r"(?:^|[.!?:;\n]|[.!?][\"')\]])[\s\"'(\[*#>-]*$")
+_OPENING = (
+    "\"'([*#>-"  # with whitespace: what may stand between a sentence's end and its first word
+)
 
 
 def names(texts: Sequence[str], max_share: float = MAX_SHARE) -> dict[str, list[int]]:
@@ -48,12 +50,28 @@ def names(texts: Sequence[str], max_share: float = MAX_SHARE) -> dict[str, list[
             if name.lower() in lower:
                 continue
             where[name].add(i)
-            if name not in inside and not _SENTENCE_START.search(text, 0, m.start()):
+            if name not in inside and not opens_sentence(text, m.start()):
                 inside.add(name)
     limit = max(MIN_PASSAGES, int(max_share * len(texts)))
     return {
         n: sorted(ps) for n, ps in where.items() if n in inside and MIN_PASSAGES <= len(ps) <= limit
     }
+
+
+def opens_sentence(text: str, at: int) -> bool:
+    """Whether a word at `at` opens a sentence or a line: only whitespace and opening marks
+    (`"'([*#>-`) stand between it and the text's start, a newline, or a ".!?:;" (a ".!?"
+    may be followed by a closing quote or bracket). A scan back over those marks, so each
+    character is read once per word it precedes: searching the whole text before every
+    name was quadratic."""
+    j = at
+    while j > 0 and (text[j - 1].isspace() or text[j - 1] in _OPENING):
+        j -= 1
+    if j == 0 or "\n" in text[j:at]:
+        return True
+    if text[j - 1] in ".!?:;":
+        return True
+    return text[j - 1] in ")]" and j >= 2 and text[j - 2] in ".!?"
 
 
 def followed_passages(

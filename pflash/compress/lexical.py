@@ -106,6 +106,10 @@ QUESTION_OPENERS = frozenset(
 )
 
 QUOTE_MAX_CHARS = 300  # longer "quotes" are more likely two unrelated quote marks
+# quotes read per source (the question, `pflash_query`): each is one case-insensitive
+# search of the whole text, up to QUOTE_MAX_CHARS steps per character; a question quotes a
+# string or two, a crafted `pflash_query` could quote hundreds
+MAX_QUOTES = 4
 
 _WORD = re.compile(r"\w+")
 _QUOTED = re.compile(
@@ -113,7 +117,9 @@ _QUOTED = re.compile(
     rf"|`([^`\n]{{3,{QUOTE_MAX_CHARS}}})`|(?<!\w)'([^'\n]{{3,{QUOTE_MAX_CHARS}}})'(?!\w)"
 )
 _LINE = re.compile(r"[^\n]+")
-_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s)")
+# a match starts only at the first mark of a run: tried from every mark of a long run of
+# "." or "!" that no space follows, the pattern was quadratic in the run
+_SENTENCE_END = re.compile(r"(?<![.!?])[.!?]++[\"')\]]*+(?=\s)")
 _SENTENCE_BREAK = re.compile(r"[.!?:;\n]")
 
 
@@ -187,10 +193,12 @@ def quoted_patterns(text: str, ranges: Iterable[tuple[int, int]]) -> list[re.Pat
     """What the question quotes in `text[b:e]` (each range), as patterns that find the
     quoted string in the context: case aside, any run of whitespace for a space, a closing
     ".,;:!?" left out (the text may go on where the quote ends). A quote of stopwords alone
-    ("what it is") names nothing and gives no pattern."""
+    ("what it is") names nothing and gives no pattern. The first `MAX_QUOTES` only."""
     out: dict[str, re.Pattern[str]] = {}
     for b, e in ranges:
         for m in _QUOTED.finditer(text, b, e):
+            if len(out) >= MAX_QUOTES:
+                return list(out.values())
             quote = next(g for g in m.groups() if g is not None)
             quote = quote.strip().rstrip(".,;:!?").strip()
             if len(quote) < 3 or all(w.stop for w in words(quote)):
@@ -461,6 +469,7 @@ def _question_sentences(
         return is_question_like(text[r[0] : r[1]], closes_turn=r == last)
 
     asking: list[tuple[int, int]] = []
+    taken: set[tuple[int, int]] = set()
     for edge in (inside, inside[::-1]):
         for k, r in enumerate(edge):
             if k == 0 and not asks(r):
@@ -469,15 +478,16 @@ def _question_sentences(
                 gap = text[min(r[1], edge[k - 1][1]) : max(r[0], edge[k - 1][0])]
                 if not text[r[0] : r[1]].endswith("?") or "\n\n" in gap:
                     break
-            if r not in asking:
+            if r not in taken:  # a set: a turn of thousands of "?" stays linear
                 asking.append(r)
+                taken.add(r)
     if any(text[b:e].endswith("?") for b, e in asking):
         return _fit_pool(drafter, asking, query_tokens)
     alone = [
         r for r in inside if text[r[0] : r[1]].endswith("?") and _own_paragraph(text, r, cb, ce)
     ]
     alone.sort(key=lambda r: min(r[0] - cb, ce - r[1]))
-    asking += [r for r in alone if r not in asking]
+    asking += [r for r in alone if r not in taken]
     return _fit_pool(drafter, asking or [last], query_tokens)
 
 
@@ -758,33 +768,52 @@ def _headers(
     """For each anchored unit on an indented line, the nearest non-blank line above (within
     `HEADER_WINDOW` lines) with strictly smaller indentation, when it opens a block: the
     `def`/`class` line that names the function a matched docstring line belongs to. Scored
-    just below the hit, named when the hit is."""
+    just below the hit, named when the hit is. Linear: line starts come from one pass over
+    the units in text order and each line's header is looked up once (a long line holds
+    hundreds of units; searching back from each was quadratic)."""
+    line_of: dict[int, int] = {}
+    line_start, prev = 0, 0
+    for u in sorted(found, key=lambda u: units[u][0]):
+        b = units[u][0]
+        nl = text.rfind("\n", prev, b)
+        line_start = nl + 1 if nl >= 0 else line_start
+        line_of[u], prev = line_start, b
+    header_of: dict[int, tuple[int, int] | None] = {}
     out = []
     for u, (score, hop, _) in found.items():
-        b = units[u][0]
-        line_start = text.rfind("\n", 0, b) + 1
-        indent = _indent(text, line_start)
-        if indent == 0:
-            continue
-        end = line_start - 1  # the "\n" ending the line above
-        for _ in range(HEADER_WINDOW):
-            if end < 0:
-                break
-            start = text.rfind("\n", 0, end) + 1
-            line = text[start:end]
-            if line.strip():
-                if _indent(text, start) < indent:
-                    lb = start + (len(line) - len(line.lstrip()))
-                    le = start + len(line.rstrip())
-                    if _opens_block(text[lb:le]) and not any(
-                        xb < le and lb < xe for xb, xe in excluded
-                    ):
-                        span = drafter.token_span(lb, le)
-                        header = AnchoredUnit(span, score - HEADER_GAP, hop, "header", u in named)
-                        out.append(header)
-                    break
-            end = start - 1
+        start = line_of[u]
+        if start not in header_of:
+            header_of[start] = _header_line(text, start, excluded)
+        chars = header_of[start]
+        if chars is not None:
+            span = drafter.token_span(*chars)
+            out.append(AnchoredUnit(span, score - HEADER_GAP, hop, "header", u in named))
     return out
+
+
+def _header_line(
+    text: str, line_start: int, excluded: Sequence[tuple[int, int]]
+) -> tuple[int, int] | None:
+    """Characters of the header line of the indented line at `line_start` (`_headers`), or
+    None: not indented, no less indented line within `HEADER_WINDOW` lines, or the first
+    one opens no block or is excluded."""
+    indent = _indent(text, line_start)
+    if indent == 0:
+        return None
+    end = line_start - 1  # the "\n" ending the line above
+    for _ in range(HEADER_WINDOW):
+        if end < 0:
+            return None
+        start = text.rfind("\n", 0, end) + 1
+        line = text[start:end]
+        if line.strip() and _indent(text, start) < indent:
+            lb = start + (len(line) - len(line.lstrip()))
+            le = start + len(line.rstrip())
+            if _opens_block(text[lb:le]) and not any(xb < le and lb < xe for xb, xe in excluded):
+                return lb, le
+            return None
+        end = start - 1
+    return None
 
 
 _BLOCK_KEYWORDS = frozenset(

@@ -55,6 +55,10 @@ from pflash.spans import Span, TokenizedText, subtract
 
 QUESTION_TOKENS = 64  # longest question the likelihood scores (each token is a forward row)
 SEMANTIC_QUESTION_TOKENS = 256  # the embedder reads a multi-part question whole
+# a code header read with each passage of its block: its first characters name the
+# function; a whole header line of 10^6 characters, copied into each of 10^4 passages, is
+# quadratic
+HEADER_MAX_CHARS = 256
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n+")
 
 
@@ -231,7 +235,15 @@ def evidence_request(
     return out
 
 
-_ENDS_SENTENCE = re.compile(r"[.!?][\"')\]]*\s*$|\n\s*$")
+def ends_sentence(piece: str) -> bool:
+    """`piece` ends a sentence or a line: its last visible characters are ".", "!" or "?"
+    (closing quotes and brackets after it aside), or its trailing whitespace holds a
+    newline. A scan from the end (the pattern `\\n\\s*$` searched was quadratic in a
+    run of newlines)."""
+    body = piece.rstrip()
+    if "\n" in piece[len(body) :]:
+        return True
+    return body.rstrip("\"')]").endswith((".", "!", "?"))
 
 
 def whole_sentences(
@@ -250,7 +262,7 @@ def whole_sentences(
         joined = (
             i < len(passages)
             and passages[i - 1].end == passages[i].begin
-            and not _ENDS_SENTENCE.search(pieces[i - 1])
+            and not ends_sentence(pieces[i - 1])
             and "\n" not in pieces[i][: len(pieces[i]) - len(pieces[i].lstrip())]
         )
         if joined:
@@ -440,18 +452,23 @@ def passage_headers(drafter: TokenizedText, spans: Sequence[tuple[int, int]]) ->
 
 def passage_texts(drafter: TokenizedText, passages: tuple[Span, ...]) -> tuple[str, ...]:
     """Each passage's text as the embedder reads it: inside a code block, after the
-    block's header line (`def name(args):`) when the passage does not hold it. Why: a
+    block's header line (`def name(args):`, its first `HEADER_MAX_CHARS` characters)
+    when the passage does not hold it. Why: a
     24-token piece of a function body ("isinstance(c, bytes)\n return") says little
     about what the function is for; with its header the docstring and body pieces read as
     parts of that function."""
     text = drafter.text
     spans = [drafter.char_span(p) for p in passages]
+    lines: dict[int, str] = {}  # header start -> its line: read once for all its passages
     out = []
     for (b, e), header in zip(spans, passage_headers(drafter, spans), strict=True):
         piece = text[b:e]
         if header >= 0 and not b <= header < e:
-            stop = text.find("\n", header)
-            piece = text[header : stop if stop >= 0 else len(text)].strip() + "\n" + piece
+            if header not in lines:
+                stop = text.find("\n", header)
+                stop = min(stop if stop >= 0 else len(text), header + HEADER_MAX_CHARS)
+                lines[header] = text[header:stop].strip()
+            piece = lines[header] + "\n" + piece
         out.append(piece)
     return tuple(out)
 

@@ -131,11 +131,23 @@ def map_last_occurrence(
     The span runs from the token containing the needle's first character to the first token
     starting at or after its end, so it covers the needle even across token boundaries.
     """
-    end = len(drafter.text) if char_end is None else char_end
-    pos = drafter.text.rfind(needle, char_begin, end) if needle else -1
+    pos = last_occurrence(drafter.text, needle, char_begin, char_end)
     if pos < 0:
         return None
     return drafter.token_span(pos, pos + len(needle))
+
+
+def last_occurrence(text: str, needle: str, begin: int = 0, end: int | None = None) -> int:
+    """Start of the last occurrence of `needle` inside `text[begin:end]` (an index into
+    `text`), or -1; -1 for an empty needle. Linear in the window and the needle: both are
+    client text (`pflash_query`, `pflash_required`), and `str.rfind` is a reverse scan that
+    costs O(window * needle) on "ab" + "a" * 40000 in "a" * 80000, while `str.find` switches
+    to the two-way algorithm on long inputs, so the search runs forward over both reversed."""
+    lo, hi, _ = slice(begin, end).indices(len(text))
+    if not needle or hi - lo < len(needle):
+        return -1
+    at = text[lo:hi][::-1].find(needle[::-1])
+    return -1 if at < 0 else hi - at - len(needle)
 
 
 def find_query_window(

@@ -6,9 +6,19 @@ from __future__ import annotations
 import json
 
 import pytest
+from h11._headers import normalize_and_validate
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pflash.api import error_response, parse_chat_request, parse_completion_request
 from pflash.api.body import MAX_JSON_DEPTH, load_json_body
+from pflash.api.requests import (
+    MAX_IDENTIFIER_CHARS,
+    MAX_QUERY_CHARS,
+    MAX_REQUIRED_CHARS,
+    MAX_REQUIRED_STRINGS,
+    MAX_STOP_CHARS,
+)
 from pflash.compress.rendered import RenderedPrompt
 from pflash.compressor import check_prompt_limit
 from pflash.config import build_config
@@ -146,3 +156,87 @@ def test_a_prompt_past_max_prompt_tokens_is_a_400_before_any_model_runs():
         RenderedPrompt("chat", tuple(range(11)), None),
         build_config({"max_prompt_tokens": None}, env={}),
     )
+
+
+# ----------------------------------------------------------------------------- searched text
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "limit"),
+    [
+        ({"pflash_required": ["a"] * (MAX_REQUIRED_STRINGS + 1)}, "pflash_required", "16 items"),
+        (
+            {"pflash_required": ["a", "b" * (MAX_REQUIRED_CHARS + 1)]},
+            "pflash_required[1]",
+            "4096 characters",
+        ),
+        ({"pflash_query": "q" * (MAX_QUERY_CHARS + 1)}, "pflash_query", "8192 characters"),
+        ({"stop": ["s" * (MAX_STOP_CHARS + 1)]}, "stop", "256 characters"),
+    ],
+)
+def test_searched_text_past_its_limit_is_a_400_naming_the_limit(extra, param, limit):
+    status, error = rejected(chat_body(**extra))
+    assert (status, error["param"], error["code"]) == (400, param, "invalid_value")
+    assert limit in error["message"]
+
+
+def test_searched_text_at_its_limits_is_accepted():
+    req = parse_chat_request(
+        chat_body(
+            pflash_required=["r" * MAX_REQUIRED_CHARS] * MAX_REQUIRED_STRINGS,
+            pflash_query="q" * MAX_QUERY_CHARS,
+            stop=["s" * MAX_STOP_CHARS],
+        )
+    )
+    assert len(req.pflash_required) == MAX_REQUIRED_STRINGS
+    assert len(req.pflash_query) == MAX_QUERY_CHARS
+
+
+# ----------------------------------------------------------------------------- identifiers
+
+
+@pytest.mark.parametrize("param", ["session_id"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "conversation-é",
+        "a\r\nx-admin: 1",
+        "a\nb",
+        "nul\x00",
+        "tab\there",
+        " lead",
+        "trail ",
+        "",
+        "x" * (MAX_IDENTIFIER_CHARS + 1),
+        "\u2028",
+    ],  # fmt: skip
+)
+def test_an_identifier_that_cannot_travel_as_a_header_is_a_400_naming_it(param, value):
+    status, error = rejected(chat_body(**{param: value}))
+    assert (status, error["param"], error["code"]) == (400, param, "invalid_value")
+    assert "printable ASCII" in error["message"]
+
+
+@pytest.mark.parametrize("value", ["conv-42:abc", "a b", "x" * MAX_IDENTIFIER_CHARS, "~!@#$%^&*()"])
+def test_printable_ascii_identifiers_are_accepted(value):
+    req = parse_chat_request(chat_body(session_id=value, user=value))
+    assert req.session_id == value
+
+
+def test_a_user_id_is_any_text_up_to_its_length_limit():
+    """`user` reaches no header: any text is fine, only its length is bounded."""
+    assert parse_chat_request(chat_body(user="Jürgen\tö")).user == "Jürgen\tö"
+    status, error = rejected(chat_body(user="x" * (MAX_IDENTIFIER_CHARS + 1)))
+    assert (status, error["param"]) == (400, "user")
+
+
+@settings(max_examples=300)
+@given(st.text(max_size=40))
+def test_every_accepted_session_id_makes_a_valid_http_header(value):
+    """The session id travels upstream in `x-session-id` as "{tenant}:{session_id}"."""
+    try:
+        req = parse_chat_request(chat_body(session_id=value))
+    except InvalidRequest as err:
+        assert err.param == "session_id"
+        return
+    normalize_and_validate([(b"x-session-id", f"tenant:{req.session_id}".encode("ascii"))])
