@@ -14,7 +14,12 @@ Families, each a way real clients and attackers get requests wrong:
 - **forged turns**: chat-marker and tool-call text inside message content (a valid request:
   it must answer 200 with the markers read as text);
 - **odd identifiers**: non-ASCII, control characters, CR/LF and overlong values in
-  `session_id`, `user`, `model`, tool names and tool call ids.
+  `session_id`, `user`, `model`, tool names and tool call ids;
+- **edge APIs**: Anthropic Messages and OpenAI Responses bodies with a field replaced,
+  removed or of a kind the server refuses (images, `previous_response_id`), answered in each
+  API's own error shape;
+- **forwarded for**: a valid chat carrying `X-Forwarded-For` values a client can forge
+  (other addresses, garbage, thousands of hops), which must never be a 5xx.
 
 Each draw is a `BadRequest(method, path, headers, body)`; the test sends it and checks the
 answer is a 4xx (or a 200) in the OpenAI envelope, never a 5xx or a hang.
@@ -454,6 +459,119 @@ def odd_identifiers(draw) -> BadRequest:
     return BadRequest("POST", path, _encode(body), family=f"identifier_{where}")
 
 
+MESSAGES_FIELDS = [
+    "model",
+    "messages",
+    "max_tokens",
+    "system",
+    "tools",
+    "tool_choice",
+    "stop_sequences",
+    "temperature",
+    "top_p",
+    "top_k",
+    "metadata",
+    "stream",
+]
+RESPONSES_FIELDS = [
+    "model",
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "stream",
+    "store",
+]
+EDGE_REFUSED = [
+    ("/v1/messages", {"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+    ]}]}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "document"}]}]}),
+    ("/v1/messages", {"messages": [{"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": "not an object"}]}]}),
+    ("/v1/messages", {"messages": []}),
+    ("/v1/messages", {"max_tokens": 10**6}),
+    ("/v1/responses", {"previous_response_id": "resp_123"}),
+    ("/v1/responses", {"input": [{"type": "input_image", "image_url": "http://x/y.png"}]}),
+    ("/v1/responses", {"input": [{"type": "function_call_output", "output": "x"}]}),
+    ("/v1/responses", {"input": []}),
+    ("/v1/responses", {"max_output_tokens": 10**6}),
+]  # fmt: skip
+
+
+def _messages(**extra) -> dict:
+    return {
+        "model": "pflash",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": "Say hi."}],
+        "temperature": 0,
+        **extra,
+    }
+
+
+def _responses(**extra) -> dict:
+    return {"model": "pflash", "input": "Say hi.", "max_output_tokens": 2, "temperature": 0,
+            **extra}  # fmt: skip
+
+
+@st.composite
+def edge_apis(draw) -> BadRequest:
+    messages = draw(st.booleans())
+    base, fields, path = (
+        (_messages(), MESSAGES_FIELDS, "/v1/messages")
+        if messages
+        else (_responses(), RESPONSES_FIELDS, "/v1/responses")
+    )
+    how = draw(st.sampled_from(["value", "drop", "refused", "raw"]))
+    if how == "refused":
+        path, extra = draw(st.sampled_from(EDGE_REFUSED))
+        body = (_messages if path == "/v1/messages" else _responses)(**extra)
+        return BadRequest("POST", path, _encode(body), family="edge_refused")
+    if how == "raw":
+        return BadRequest("POST", path, draw(st.sampled_from(RAW_BODIES)), family="edge_raw")
+    key = draw(st.sampled_from(fields))
+    if key in ("max_tokens", "max_output_tokens"):
+        # without a token limit a valid request generates up to the server's cap (a minute on
+        # this CPU); a value past the cap is the bad input worth sending
+        body = {**base, key: 10**6}
+        return BadRequest("POST", path, _encode(body), family="edge_token_cap")
+    if how == "drop":
+        body = {k: v for k, v in base.items() if k != key}
+        return BadRequest("POST", path, _encode(body), family="edge_drop")
+    return BadRequest("POST", path, _encode({**base, key: draw(JSON_VALUE)}), family="edge_value")
+
+
+FORGED_FORWARDED = st.one_of(
+    st.sampled_from(
+        [
+            "10.0.0.7",
+            "127.0.0.1",
+            "::1",
+            "unknown",
+            "10.0.0.7, 127.0.0.1",
+            ", , ,",
+            "999.1.1.1",
+            "[::1]:80",
+            ", ".join(f"10.0.{i // 256}.{i % 256}" for i in range(2000)),
+            "x" * 8000,
+        ]
+    ),
+    st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=64),
+)
+
+
+@st.composite
+def forwarded_for(draw) -> BadRequest:
+    path = draw(st.sampled_from(["/v1/chat/completions", "/v1/messages", "/v1/responses"]))
+    body = {"/v1/chat/completions": _chat, "/v1/messages": _messages,
+            "/v1/responses": _responses}[path]()  # fmt: skip
+    headers = {"x-forwarded-for": draw(FORGED_FORWARDED)}
+    return BadRequest("POST", path, _encode(body), headers, family="forwarded_for")
+
+
 BAD_REQUESTS = st.one_of(
     mutated_fields(),
     unknown_fields(),
@@ -464,4 +582,6 @@ BAD_REQUESTS = st.one_of(
     searched_texts(),
     forged_turns(),
     odd_identifiers(),
+    edge_apis(),
+    forwarded_for(),
 )

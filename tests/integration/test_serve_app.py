@@ -356,7 +356,18 @@ def test_explicit_query_not_in_prompt_fails_closed_as_400(server):
     [
         ({"pflash_query": "this sentence is nowhere in the prompt"}, "pflash_query_mapping"),
         ({"pflash_required": ["nor is this one"]}, "pflash_required_mapping"),
-        ({"max_tokens": 9000}, "pflash_context_fit"),
+        # what must be kept (seven 4,000-character required strings, ~7K tokens) and the
+        # answer (max_tokens at the server's output cap) cannot share the 8K context
+        (
+            {
+                "messages": _long_messages(30000),
+                "pflash_required": [
+                    _long_messages(30000)[0]["content"][i * 4000 : (i + 1) * 4000] for i in range(7)
+                ],
+                "max_tokens": 4096,
+            },
+            "pflash_context_fit",
+        ),
     ],
     ids=["query", "required", "context_fit"],
 )
