@@ -1,11 +1,11 @@
-"""`python -m pflash.bench ...`: the `pflash bench` commands without the installed entry point."""
+"""`python -m pflash_lab.bench ...`: the `pflash bench` commands without the installed entry point."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from pflash.bench.suite import add_arguments, run_bench
+from pflash_lab.bench.suite import add_arguments, run_bench
 
 
 def main(argv: list[str] | None = None) -> int:

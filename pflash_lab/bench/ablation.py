@@ -38,8 +38,8 @@ from pathlib import Path
 
 import yaml
 
-from pflash.bench.runner import Reply, Served, TurnResult, score_turn, write_jsonl
-from pflash.corpus.cases import BenchCase
+from pflash_lab.bench.runner import Reply, Served, TurnResult, score_turn, write_jsonl
+from pflash_lab.corpus.cases import BenchCase
 
 # Keys that change what the drafter computes: variants differing in these need their own pass.
 DRAFTER_KEYS = (
@@ -344,7 +344,7 @@ def contribution_table(rows: Sequence[TurnResult], order: Sequence[str]) -> str:
 
 
 def add_arguments(bsub) -> None:
-    from pflash.corpus.cases import FAMILIES
+    from pflash_lab.corpus.cases import FAMILIES
 
     p = bsub.add_parser("ablate", help="evidence retention per family for each scoring variant")
     p.add_argument("--out", required=True, help="output directory (results.jsonl, summary.md)")
@@ -373,8 +373,8 @@ def add_arguments(bsub) -> None:
 
 
 def run_ablation(args) -> int:
-    from pflash.bench.suite import parse_overrides, serve_args
-    from pflash.corpus.cases import SuitePlan, generate, token_counter
+    from pflash_lab.bench.suite import parse_overrides, serve_args
+    from pflash_lab.corpus.cases import SuitePlan, generate, token_counter
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -386,7 +386,7 @@ def run_ablation(args) -> int:
     cases = [generate(spec, count) for spec in plan.specs()]
     llm = None
     if args.llmlingua:
-        from pflash.bench.baselines import LongLLMLingua
+        from pflash_lab.bench.baselines import LongLLMLingua
 
         llm = LongLLMLingua(base.get("drafter", "embedded:smollm2-135m"), engine.target_tokenizer)
     meta = {

@@ -1,6 +1,6 @@
 """Does the target answer from the served prompt as it does from the full one?
 
-`python -m pflash.bench.answer_parity [--target embedded:gemma3-270m] [--set KEY=VALUE ...]`
+`python -m pflash_lab.bench.answer_parity [--target embedded:gemma3-270m] [--set KEY=VALUE ...]`
 
 Why: the bench families measure whether the evidence is *served*; a weak target can still
 answer worse from a prompt cut into many small pieces. Each case is a license text from
@@ -56,11 +56,11 @@ def cases(seed: int = 5) -> list[tuple[str, str, str, str, str]]:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from pflash.bench.suite import parse_overrides
     from pflash.cli.compress import CompressRequest, compress_request
     from pflash.config import build_config
     from pflash.models.loading import load_causal_lm
     from pflash.models.source import load_tokenizer
+    from pflash_lab.bench.suite import parse_overrides
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="embedded:gemma3-270m")

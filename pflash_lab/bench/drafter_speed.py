@@ -1,6 +1,6 @@
 """Drafter scorer speed, memory and the generic profile's head-layer choice.
 
-Run: `python -m pflash.bench.drafter_speed [--sections speed,memory,session,layers] [--threads N]`.
+Run: `python -m pflash_lab.bench.drafter_speed [--sections speed,memory,session,layers] [--threads N]`.
 
 - speed: the embedded SmolLM2 at 2K, 4K and 7K drafter tokens: head scoring (early exit at
   the head layer, chunked) vs a full forward of the same model, and at 2K vs the naive
@@ -34,15 +34,15 @@ from pathlib import Path
 import numpy as np
 
 from pflash.compress.query import QueryWindow
-from pflash.corpus.needles import (
+from pflash.spans import Span
+from pflash_lab.corpus.needles import (
     EMBEDDED,
     NEEDLES,
     NeedlePrompt,
     needle_prompt,
     needle_rank,
 )
-from pflash.spans import Span
-from pflash.train.calibrate import layer_inputs as _layer_inputs
+from pflash_lab.train.calibrate import layer_inputs as _layer_inputs
 
 # --------------------------------------------------------------------------- layer sweep
 
@@ -208,7 +208,7 @@ def peak_rss_mb() -> float:
 def _child(args: list[str]) -> dict:
     """Run one measurement in a fresh process so peak RSS is its own."""
     out = subprocess.run(
-        [sys.executable, "-m", "pflash.bench.drafter_speed", *args],
+        [sys.executable, "-m", "pflash_lab.bench.drafter_speed", *args],
         capture_output=True,
         text=True,
         check=True,

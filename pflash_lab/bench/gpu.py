@@ -1,7 +1,7 @@
 """The GPU check: one command that exercises and measures the GPU deployment in minutes.
 
-    python -m pflash.bench.gpu [--out gpu.json] [--budget-s 480]    # on one GPU
-    python -m pflash.bench.gpu --dry-run [--out dry.json]            # the same code, CPU, tiny
+    python -m pflash_lab.bench.gpu [--out gpu.json] [--budget-s 480]    # on one GPU
+    python -m pflash_lab.bench.gpu --dry-run [--out dry.json]            # the same code, CPU, tiny
 
 Library only: no Ray, no deployments, no downloads, nothing read from disk but the Python
 standard library's own sources (the prompt text and the tokenizer's training text). Every
@@ -663,7 +663,7 @@ def table(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pflash.bench.gpu", description=__doc__.split("\n")[0]
+        prog="python -m pflash_lab.bench.gpu", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--dry-run", action="store_true", help="the same code, tiny sizes, CPU")
     parser.add_argument("--out", help="write the report as JSON here")

@@ -1,7 +1,7 @@
 """Long-context drafter benchmark (issue 15): dense vs windowed vs block-sparse drafter
 attention, and where the window's sink keys are read from (`drafter_sink_positions`).
 
-`python -m pflash.bench.long_context [--lengths 8192 16384] [--modes dense window block_sparse]
+`python -m pflash_lab.bench.long_context [--lengths 8192 16384] [--modes dense window block_sparse]
 [--sink-positions absolute adjacent] [--seeds 2]`
 
 Per prompt length, `--seeds` haystacks of real text (the license texts under
@@ -398,7 +398,7 @@ def table(rows: list[CaseResult]) -> str:
 
 def run_child(args, length: int, mode: str, positions: str) -> CaseResult:
     """One (length, mode, sink positions) in a subprocess of its own: its peak RSS alone."""
-    cmd = [sys.executable, "-m", "pflash.bench.long_context", "--one"]
+    cmd = [sys.executable, "-m", "pflash_lab.bench.long_context", "--one"]
     cmd += ["--lengths", str(length), "--modes", mode, "--depths", *map(str, args.depths)]
     for flag in ("window", "sink", "block", "top", "threads", "seeds"):
         cmd += [f"--{flag}", str(getattr(args, flag))]

@@ -1,6 +1,6 @@
 """A long prompt through the HTTP API of the real app, with where its time goes (issue 15).
 
-`python -m pflash.bench.long_http --lengths 32768 131072 [--attention window]`
+`python -m pflash_lab.bench.long_http --lengths 32768 131072 [--attention window]`
 
 Starts the shipped `serve_config.yaml` app (the embedded drafter at its CPU share, the
 embedded 8K target) with `drafter_attention` set, then per length sends one chat with a
@@ -29,8 +29,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from pflash.bench.launch import ROOT, ServeCluster, free_port
-from pflash.bench.long_context import EMBEDDED, build_haystack, haystack, question_messages
+from pflash_lab.bench.launch import ROOT, ServeCluster, free_port
+from pflash_lab.bench.long_context import EMBEDDED, build_haystack, haystack, question_messages
 
 
 def _config(

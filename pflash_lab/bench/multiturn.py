@@ -1,6 +1,6 @@
 """Multi-turn TTFT through the HTTP API: full prefill vs PFlash with and without views.
 
-    python -m pflash.bench.multiturn [--chars 26000] [--keep 0.1] [--turns 3]
+    python -m pflash_lab.bench.multiturn [--chars 26000] [--keep 0.1] [--turns 3]
 
 One Ray cluster, three applications built from serve_config.yaml: `views` (the default:
 views and drafter sessions on), `noview` (`chat_view: false`: a fresh compression every
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from pflash.bench.launch import ROOT, ServeCluster, free_port
+from pflash_lab.bench.launch import ROOT, ServeCluster, free_port
 
 FACTS = (
     "The access code for the north gate is 4417.",

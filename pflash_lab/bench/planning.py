@@ -1,6 +1,6 @@
 """Planning time against the number of messages and the prompt length (no model runs).
 
-Run: `python -m pflash.bench.planning [--messages 250 500 1000 2000] [--system 0 8 64]`.
+Run: `python -m pflash_lab.bench.planning [--messages 250 500 1000 2000] [--system 0 8 64]`.
 
 What a request costs before the drafter: render once (`render_chat_prompt`), plan
 (`compress.pipeline.prepare`: drafter encoding, chat parsing, query windows, pinned spans,

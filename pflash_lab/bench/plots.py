@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from pflash.bench.runner import METHODS, TurnResult
+from pflash_lab.bench.runner import METHODS, TurnResult
 
 COLORS = {
     "pflash": "#1f77b4",
@@ -122,7 +122,7 @@ def _ttft_vs_length(plt, results: Sequence[TurnResult], path: Path) -> str:
 
 
 def _main(results: Sequence[TurnResult]) -> float:
-    from pflash.bench.report import main_keep
+    from pflash_lab.bench.report import main_keep
 
     return main_keep(results)
 

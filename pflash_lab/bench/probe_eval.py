@@ -1,6 +1,6 @@
 """Segment probe quality and cost on held-out real files.
 
-Run: `python -m pflash.bench.probe_eval [--sections boundaries,cost,retention] [--cases 30]`.
+Run: `python -m pflash_lab.bench.probe_eval [--sections boundaries,cost,retention] [--cases 30]`.
 
 - boundaries: cut-level boundary precision and recall of the committed probe at its own
   threshold and min_segment, on documents cut from held-out stdlib files and licenses
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from pflash.config import UNTUNED_SCORING
-from pflash.train.probe_corpus import (
+from pflash_lab.train.probe_corpus import (
     FILE_STYLES,
     excerpt,
     files_of,
@@ -223,14 +223,14 @@ class Env:
 
 def held_out_boundaries(env: Env, *, docs: int, seed: int) -> dict:
     """Boundary precision/recall of the probe at its own parameters on held-out documents."""
-    from pflash.train.probe import (
+    from pflash_lab.train.probe import (
         assemble_features,
         chat_prefix,
         evaluate,
         extract_taps,
         token_labels,
     )
-    from pflash.train.probe_corpus import documents
+    from pflash_lab.train.probe_corpus import documents
 
     texts = list(documents("val", docs, seed=seed))
     prefix = chat_prefix(env.tokenizer)
@@ -255,8 +255,8 @@ def held_out_boundaries(env: Env, *, docs: int, seed: int) -> dict:
 
 def probe_cost(env: Env, lengths=(1024, 2048, 4096), repeats: int = 3) -> list[dict]:
     """Probe time vs the drafter forward (to the scoring layer) on real text."""
-    from pflash.train.probe import tap_of
-    from pflash.train.probe_corpus import documents
+    from pflash_lab.train.probe import tap_of
+    from pflash_lab.train.probe_corpus import documents
 
     text = "".join(d.text for d in documents("val", 8, seed=7))
     ids = env.tokenizer(text, add_special_tokens=False)["input_ids"]

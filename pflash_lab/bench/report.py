@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pflash.bench.runner import METHODS, TurnResult
+from pflash_lab.bench.runner import METHODS, TurnResult
 
 GOALS = (  # (family or "all", minimum PFlash retention)
     ("single_needle", 0.98),

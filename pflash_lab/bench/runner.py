@@ -38,8 +38,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from pflash.bench.baselines import BaselineOutput, random_chunks, tail_truncate
-from pflash.corpus.cases import BenchCase
+from pflash_lab.bench.baselines import BaselineOutput, random_chunks, tail_truncate
+from pflash_lab.corpus.cases import BenchCase
 
 METHODS = ("pflash", "full", "llmlingua", "tail", "random")
 SWEEP_METHODS = ("pflash", "tail", "random")

@@ -1,6 +1,6 @@
 """Selection speed: budget + candidates + strict selection, probe segmentation, legacy selector.
 
-Run: `python -m pflash.bench.selection_speed [--runs N]`. Random per-token scores over S = 8K,
+Run: `python -m pflash_lab.bench.selection_speed [--runs N]`. Random per-token scores over S = 8K,
 32K and 128K drafter tokens with chat-shaped pins (system prompt, tools, role headers, the
 generation prompt, a prompt_end query). Prints the median wall time of each path in ms.
 Targets on a 2-core CPU: < 10 / 25 / 50 ms for the strict path at 8K / 32K / 128K.

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pflash.bench.runner import Baselines, RunPlan, TurnResult, run_suite
-from pflash.corpus.cases import CaseSpec, generate, token_counter
+from pflash_lab.bench.runner import Baselines, RunPlan, TurnResult, run_suite
+from pflash_lab.corpus.cases import CaseSpec, generate, token_counter
 
 SMOKE_SPECS = (
     CaseSpec("single_needle", 11, 1024, 0.5),
@@ -26,8 +26,8 @@ SMOKE_METHODS = ("pflash", "full", "tail", "random")
 
 def run_smoke(out: Path, *, base_url: str | None = None, keep: float = 0.2) -> list[TurnResult]:
     """Run the smoke cases; returns the results (also written under `out`)."""
-    from pflash.bench.suite import RESULTS, http_engine, serve_args, write_report
     from pflash.models.source import load_tokenizer
+    from pflash_lab.bench.suite import RESULTS, http_engine, serve_args, write_report
 
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULTS).unlink(missing_ok=True)

@@ -1,6 +1,6 @@
 """Speculative greedy decoding in `TransformersTarget`: decode speed and acceptance.
 
-Run: `python -m pflash.bench.speculative [--tokens 64] [--draft 2,4,8] [--repeats 2]`.
+Run: `python -m pflash_lab.bench.speculative [--tokens 64] [--draft 2,4,8] [--repeats 2]`.
 
 The target is the embedded SmolLM2-135M. Two assistants bound what speculation can do:
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import yaml
 
-from pflash.bench.launch import ROOT, ServeCluster, free_port
-from pflash.bench.runner import METHODS, Baselines, RunPlan, read_jsonl, run_suite
-from pflash.corpus.cases import FAMILIES, SuitePlan, generate, token_counter
+from pflash_lab.bench.launch import ROOT, ServeCluster, free_port
+from pflash_lab.bench.runner import METHODS, Baselines, RunPlan, read_jsonl, run_suite
+from pflash_lab.corpus.cases import FAMILIES, SuitePlan, generate, token_counter
 
 RESULTS = "results.jsonl"
 SUMMARY = "summary.md"
@@ -56,7 +56,7 @@ def parse_overrides(items: list[str] | None) -> dict:
 
 def add_arguments(sub) -> None:
     """The `bench` subcommand tree: `pflash bench` (registered in pyproject.toml under the
-    `pflash.commands` entry points) and `python -m pflash.bench`."""
+    `pflash.commands` entry points) and `python -m pflash_lab.bench`."""
     bench = sub.add_parser("bench", help="quality and speed harness: run, report, smoke")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
 
@@ -95,7 +95,7 @@ def add_arguments(sub) -> None:
     smoke.add_argument("--out", default=None, help="output directory (default: a temp dir)")
     smoke.add_argument("--base-url", default=None, help="use a running server instead")
 
-    from pflash.bench.ablation import add_arguments as add_ablation
+    from pflash_lab.bench.ablation import add_arguments as add_ablation
 
     add_ablation(bsub)
 
@@ -108,11 +108,11 @@ def run_bench(args) -> int:
         print(Path(args.out) / SUMMARY)
         return 0
     if args.bench_command == "ablate":
-        from pflash.bench.ablation import run_ablation
+        from pflash_lab.bench.ablation import run_ablation
 
         return run_ablation(args)
     if args.bench_command == "smoke":
-        from pflash.bench.smoke import run_smoke
+        from pflash_lab.bench.smoke import run_smoke
 
         out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="pflash-smoke-"))
         run_smoke(out, base_url=args.base_url)
@@ -142,7 +142,7 @@ def _run(args) -> int:
     run_plan = RunPlan(tuple(args.methods), args.keep, tuple(args.sweep), sweep_cases)
     llm = None
     if "llmlingua" in args.methods:
-        from pflash.bench.baselines import LongLLMLingua
+        from pflash_lab.bench.baselines import LongLLMLingua
 
         llm = LongLLMLingua(config.drafter, tokenizer)
     baselines = Baselines(tokenizer, llmlingua=llm)
@@ -157,7 +157,7 @@ def _run(args) -> int:
     (out / "run.json").write_text(json.dumps(meta, indent=2))
     t0 = time.perf_counter()
     if args.engine == "inprocess":
-        from pflash.bench.runner import InProcessEngine
+        from pflash_lab.bench.runner import InProcessEngine
 
         engine = InProcessEngine(config, threads=args.threads)
         run_suite(
@@ -194,7 +194,7 @@ class http_engine:  # noqa: N801 - a context manager used like a function
         self.cluster: ServeCluster | None = None
 
     def __enter__(self):
-        from pflash.bench.runner import HttpEngine
+        from pflash_lab.bench.runner import HttpEngine
 
         if self.base_url is None:
             self.cluster, self.base_url = start_app(self.workdir, **self.app_args)
@@ -230,8 +230,8 @@ def start_app(workdir: Path, *, cpus: float = 0.9, **args) -> tuple[ServeCluster
 
 def write_report(out: Path) -> None:
     """summary.md and the PNG plots from `out/results.jsonl`."""
-    from pflash.bench.plots import write_plots
-    from pflash.bench.report import summary_markdown
+    from pflash_lab.bench.plots import write_plots
+    from pflash_lab.bench.report import summary_markdown
 
     results = read_jsonl(out / RESULTS)
     meta_path = out / "run.json"

@@ -1,6 +1,6 @@
 """TTFT through the HTTP API: full prefill vs PFlash, side by side in one run.
 
-    python -m pflash.bench.ttft [--lengths 2048 4096 7168] [--keep 0.1] [--runs 3]
+    python -m pflash_lab.bench.ttft [--lengths 2048 4096 7168] [--keep 0.1] [--runs 3]
                                 [--target embedded:smollm2-135m | --random-target L:H:F]
 
 Starts the real app (`ray start` + `serve run` on a copy of serve_config.yaml), then for
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from pflash.bench.launch import ROOT, ServeCluster, free_port
+from pflash_lab.bench.launch import ROOT, ServeCluster, free_port
 
 FILLER_FILES = ("GPL-3", "LGPL-3", "Apache-2.0", "GPL-2", "Artistic", "MPL-2.0", "GFDL-1.3")
 

@@ -1,6 +1,6 @@
 """PFlash in front of a real vLLM, through the HTTP API: TTFT, multi-turn, concurrency.
 
-    python -m pflash.bench.upstream [--vllm-url http://127.0.0.1:8100/v1]
+    python -m pflash_lab.bench.upstream [--vllm-url http://127.0.0.1:8100/v1]
         [--lengths 4096 7168] [--runs 3] [--keep 0.1] [--chars 16000] [--turns 3]
         [--concurrency 8] [--parts ttft multiturn concurrency] [--out results.json]
         [--target vllm|ray_llm]
@@ -16,7 +16,7 @@ One Ray cluster, two applications from the example: `views` (as shipped) and `no
 (`chat_view: false`: a fresh compression every turn). Parts:
 - ttft: per prompt length, alternating `pflash_mode` off (vLLM prefills everything) and
   always (PFlash), each request with a unique document (no cache reuse): median TTFT;
-- multiturn: a 3-turn conversation over one document (pflash.bench.multiturn's), per-turn
+- multiturn: a 3-turn conversation over one document (pflash_lab.bench.multiturn's), per-turn
   TTFT and vLLM's cached_tokens for full prefill (vLLM's prefix cache) vs PFlash with views
   vs PFlash with `chat_view: false`, each pass on its own document;
 - concurrency: N requests at once (unique ~first length prompts), off vs always:
@@ -40,9 +40,9 @@ from pathlib import Path
 import httpx
 import yaml
 
-from pflash.bench.launch import ROOT, ServeCluster, free_port, stop_group
-from pflash.bench.multiturn import conversation, document, write_app_variants
-from pflash.bench.ttft import corpus, make_messages, stream_once
+from pflash_lab.bench.launch import ROOT, ServeCluster, free_port, stop_group
+from pflash_lab.bench.multiturn import conversation, document, write_app_variants
+from pflash_lab.bench.ttft import corpus, make_messages, stream_once
 
 MODES = ("off", "always")
 

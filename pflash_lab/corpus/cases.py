@@ -26,8 +26,8 @@ Families (RULER / SCBench shaped; `FAMILIES`):
   message (`<documents>` tags around it, instructions before and after); the user message
   is only the question.
 
-Families whose question does not name its evidence (`pflash.corpus.nonliteral`; the
-wordings are in `pflash.corpus.paraphrase` and `pflash.corpus.code_descriptions`):
+Families whose question does not name its evidence (`pflash_lab.corpus.nonliteral`; the
+wordings are in `pflash_lab.corpus.paraphrase` and `pflash_lab.corpus.code_descriptions`):
 
 - `paraphrased_needle`: one fact of an invented entity at a depth, asked in words that
   share no content word with the fact sentence, among distractor facts of the same shape
@@ -569,7 +569,7 @@ def system_document(spec: CaseSpec, count: CountTokens) -> BenchCase:
     return single_needle(replace(spec, placement="system"), count)
 
 
-from pflash.corpus.nonliteral import (  # noqa: E402  (builds on the blocks above)
+from pflash_lab.corpus.nonliteral import (  # noqa: E402  (builds on the blocks above)
     aggregation,
     described_code,
     multi_turn_paraphrase,

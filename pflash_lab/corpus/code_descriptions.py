@@ -1,11 +1,11 @@
 """Real stdlib functions described by what they do: the word resource of `described_code`
-(`pflash.corpus.nonliteral`).
+(`pflash_lab.corpus.nonliteral`).
 
 Why hand-written: `code_retrieval` asks for a function by quoting its docstring, so a
 lexical anchor finds it by string match. Here each function has descriptions of its
 behaviour meant to share no content word with **anything in its source** (name, `def`
 line, docstring, body identifiers): only understanding what the code does links the
-question to it. `usable_descriptions` applies that rule (`pflash.corpus.wording`) at
+question to it. `usable_descriptions` applies that rule (`pflash_lab.corpus.wording`) at
 generation time, so a description that a later Python's source happens to share a word
 with is dropped rather than trusted; the unit test checks that enough functions remain.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflash.corpus.wording import shared_words
+from pflash_lab.corpus.wording import shared_words
 
 
 @dataclass(frozen=True)

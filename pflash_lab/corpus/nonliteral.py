@@ -1,10 +1,10 @@
 """Bench families whose question does not name its evidence (issue 18, item 1).
 
-Why: in every family of `pflash.corpus.cases` the question repeats the rare words of its
+Why: in every family of `pflash_lab.corpus.cases` the question repeats the rare words of its
 evidence ("the special magic {key} number", a docstring quoted verbatim), so lexical
 anchors keep the evidence by string match and the drafter's attention is never tested on
 meaning. Here the evidence is stated with one wording and asked with another that shares
-no content word with it (`pflash.corpus.paraphrase` and `pflash.corpus.code_descriptions`
+no content word with it (`pflash_lab.corpus.paraphrase` and `pflash_lab.corpus.code_descriptions`
 hold the wordings; unit tests check every pair); the wording is drawn from the seed.
 
 Why so many distractor facts: with only the asked fact inserted, one short fact sentence
@@ -26,7 +26,7 @@ exactly once and the question stays unambiguous.
 
 Values are unique in the document (a value the license text already holds, such as a year,
 is redrawn), so an answer occurs only in its evidence. Every generator is a pure function
-of its `CaseSpec` and token counter, like those of `pflash.corpus.cases`.
+of its `CaseSpec` and token counter, like those of `pflash_lab.corpus.cases`.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ from collections.abc import Iterator
 from dataclasses import replace
 from functools import lru_cache
 
-from pflash.corpus.code_descriptions import (
+from pflash_lab.corpus.code_descriptions import (
     CODE_QUESTION_FRAMES,
     DESCRIBED_FUNCTIONS,
     FunctionDescription,
     usable_descriptions,
 )
-from pflash.corpus.paraphrase import (
+from pflash_lab.corpus.paraphrase import (
     AGGREGATE_FRAMES,
     ORGANISATION,
     SUBJECTS,
@@ -181,7 +181,7 @@ def paraphrased_needle(
     spec: CaseSpec, count: CountTokens, subjects: tuple[Subject, ...] = SUBJECTS
 ) -> BenchCase:
     """One asked fact among distractors. `subjects` is the word resource: the bench's
-    (`paraphrase.SUBJECTS`), or the head trainer's own (`pflash.train.paraphrase_pairs`)."""
+    (`paraphrase.SUBJECTS`), or the head trainer's own (`pflash_lab.train.paraphrase_pairs`)."""
     rng = random.Random(spec.seed)
     asked, taken = draw_facts(rng, 1, subjects=subjects)
     depths = [_depth(spec, rng)]
@@ -303,10 +303,10 @@ def described_code(spec: CaseSpec, count: CountTokens) -> BenchCase:
     return BenchCase(spec, FILE_SEPARATOR.join(files), (turn,))
 
 
-# At the end on purpose: `pflash.corpus.cases` imports this module at its own end to list
+# At the end on purpose: `pflash_lab.corpus.cases` imports this module at its own end to list
 # these families in `FAMILIES`, so this module must be complete before it reads `cases`;
 # then either module may be imported first.
-from pflash.corpus.cases import (  # noqa: E402
+from pflash_lab.corpus.cases import (  # noqa: E402
     BenchCase,
     CaseSpec,
     CodeFunction,

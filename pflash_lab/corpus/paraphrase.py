@@ -1,12 +1,12 @@
 """Facts stated one way and asked another: the word resource of the fact families of
-`pflash.corpus.nonliteral` (the described functions are in `pflash.corpus.code_descriptions`).
+`pflash_lab.corpus.nonliteral` (the described functions are in `pflash_lab.corpus.code_descriptions`).
 
-Why: every family in `pflash.corpus.cases` asks with the words of its evidence ("the
+Why: every family in `pflash_lab.corpus.cases` asks with the words of its evidence ("the
 special magic {key} number"), so lexical anchors find the needle by string match and
 attention is never tested on meaning. Here each concept has several statement templates
 and several question templates written so that **no statement shares a content word with
 any question of its subject** (the unit test checks every pair with
-`pflash.corpus.wording`). The wording of a case is drawn from its seed, so no scorer can be
+`pflash_lab.corpus.wording`). The wording of a case is drawn from its seed, so no scorer can be
 tuned to one phrasing.
 
 - `SUBJECTS`: what facts are about (an organisation, a lease, a ship). Each has the nouns a

@@ -1,6 +1,6 @@
 """Which content words two texts share: the check behind every "asked in other words" case.
 
-Why here and not only in the tests: the non-literal families (`pflash.corpus.nonliteral`)
+Why here and not only in the tests: the non-literal families (`pflash_lab.corpus.nonliteral`)
 must *generate* questions that share no content word with their evidence — a function
 description is usable only if no word of it occurs anywhere in that function's source —
 and the tests must check the same property with the same rule, so the rule has one home.

@@ -28,7 +28,7 @@ Stages, top-down:
 
 Token indices are drafter tokens; spans are half-open.
 
-`python -m pflash.train.calibrate lookahead` measures look-ahead queries (§3.6) against none on
+`python -m pflash_lab.train.calibrate lookahead` measures look-ahead queries (§3.6) against none on
 ~2K-token needle prompts: scoring time and the needle chunk's rank (a report, not a test).
 """
 
@@ -44,7 +44,8 @@ from functools import lru_cache
 import numpy as np
 
 from pflash.compress.query import QueryWindow
-from pflash.corpus.cases import (
+from pflash.spans import Span
+from pflash_lab.corpus.cases import (
     INSTRUCTION,
     LICENSE_DIR,
     LICENSE_FILES,
@@ -55,14 +56,13 @@ from pflash.corpus.cases import (
     random_key,
     random_value,
 )
-from pflash.corpus.needles import (
+from pflash_lab.corpus.needles import (
     NEEDLES,
     SYSTEM,
     NeedlePrompt,
     encode_with_positions,
     needle_rank,
 )
-from pflash.spans import Span
 
 FAMILIES = ("single_needle", "multi_key", "fact")
 CALIBRATION_SOURCE = "stdlib"
@@ -79,7 +79,7 @@ TURN_QUERY_TOKENS = 8
 
 @lru_cache(maxsize=2)
 def source_paragraphs(source: str) -> tuple[str, ...]:
-    """The corpus of `pflash.corpus.cases` split by source: `licenses` (the license
+    """The corpus of `pflash_lab.corpus.cases` split by source: `licenses` (the license
     files) or `stdlib` (standard-library docstrings), so validation text is unseen text."""
     licenses = []
     for name in LICENSE_FILES:
@@ -475,9 +475,9 @@ def lookahead_report(
     needle prompts (`needle_prompt`, ~`tokens` drafter tokens). Prints one JSON line each."""
     from pflash.compress.scoring import ScoreRequest
     from pflash.config import UNTUNED_SCORING, build_config
-    from pflash.corpus.needles import needle_prompt
     from pflash.models.drafter.scorer import DrafterScorer
     from pflash.models.source import load_tokenizer
+    from pflash_lab.corpus.needles import needle_prompt
 
     tokenizer = load_tokenizer(drafter)
     base = {

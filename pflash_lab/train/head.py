@@ -41,14 +41,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pflash.train.head_corpus import (
+from pflash_lab.train.head_corpus import (
     HEAD_FAMILIES,
     TRAIN_FAMILIES,
     VAL_ONLY_FAMILIES,
     HeadExample,
     examples,
 )
-from pflash.train.options import options_from_args
+from pflash_lab.train.options import options_from_args
 
 EMBEDDED = "embedded:smollm2-135m"
 

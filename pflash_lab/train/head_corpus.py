@@ -1,6 +1,6 @@
 """Retrieval prompts with known evidence, for training and validating the scoring head.
 
-Each example is a bench case (`pflash.corpus.cases`: same families, same question
+Each example is a bench case (`pflash_lab.corpus.cases`: same families, same question
 wording, same evidence strings) rendered as a chat with the drafter's template and planned
 by `pipeline.prepare` exactly as serving plans it, so the query windows the head is trained
 on are the ones it will score with. Spans are drafter tokens over `HeadExample.ids`.
@@ -15,7 +15,7 @@ Two held-out axes:
 - **family**: some families are never trained on (`VAL_ONLY_FAMILIES`). `code_retrieval`
   documents are whole stdlib modules, so its text is not split (`text="mixed"`).
 - **wording**: `paraphrase_pairs` (`TRAINING_ONLY_FAMILIES`) is `paraphrased_needle` over the
-  trainer's own word resource (`pflash.train.paraphrase_pairs`): paraphrase-style pairs for
+  trainer's own word resource (`pflash_lab.train.paraphrase_pairs`): paraphrase-style pairs for
   the head, while the bench's non-literal families keep subjects, concepts and wordings no
   head has seen. It is not a bench family (`cases.FAMILIES` does not list it).
 """
@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pflash.compress.query import QueryWindow
-from pflash.corpus.cases import (
+from pflash.spans import Span
+from pflash_lab.corpus.cases import (
     FAMILIES,
     BenchCase,
     CaseSpec,
@@ -39,10 +40,9 @@ from pflash.corpus.cases import (
     insert_at_depths,
     token_counter,
 )
-from pflash.corpus.nonliteral import paraphrased_needle
-from pflash.spans import Span
-from pflash.train.paraphrase_pairs import TRAIN_SUBJECTS
-from pflash.train.probe_corpus import split_of
+from pflash_lab.corpus.nonliteral import paraphrased_needle
+from pflash_lab.train.paraphrase_pairs import TRAIN_SUBJECTS
+from pflash_lab.train.probe_corpus import split_of
 
 Split = Literal["train", "val"]
 TextSplit = Literal["train", "val", "mixed"]

@@ -1,22 +1,22 @@
 """Facts stated one way and asked another, for *training* the scoring head only.
 
-Why a second resource: the bench's non-literal families (`pflash.corpus.paraphrase`) must
+Why a second resource: the bench's non-literal families (`pflash_lab.corpus.paraphrase`) must
 stay held out, so a head trained on paraphrase-style pairs may not see their subjects,
 concepts or wordings. These subjects (a hospital, a bridge, a festival, a mine) and their
 wordings are written separately, under the same rule: no statement shares a content word
 with any question of its concept, and no question noun occurs in a statement (the unit test
-checks every pair with `pflash.corpus.wording`). Some kinds of value recur (a year, a
+checks every pair with `pflash_lab.corpus.wording`). Some kinds of value recur (a year, a
 headcount, a person) because they recur in any text; no sentence does.
 
 `TRAIN_SUBJECTS` feeds the head corpus's `paraphrase_pairs` family
-(`pflash.train.head_corpus`), which builds its documents with the bench's own fact-document
-machinery (`pflash.corpus.nonliteral.facts_document`: same distractor density, same value
+(`pflash_lab.train.head_corpus`), which builds its documents with the bench's own fact-document
+machinery (`pflash_lab.corpus.nonliteral.facts_document`: same distractor density, same value
 rules), so the only difference from `paraphrased_needle` is whose words are used.
 """
 
 from __future__ import annotations
 
-from pflash.corpus.paraphrase import Concept, Subject
+from pflash_lab.corpus.paraphrase import Concept, Subject
 
 HOSPITAL = Subject(
     "hospital",

@@ -2,7 +2,7 @@
 
 Stages, top-down:
 
-1. `documents` (pflash/train/probe_corpus.py): labelled real text, whole files held out.
+1. `documents` (pflash_lab/train/probe_corpus.py): labelled real text, whole files held out.
 2. `token_labels`: character boundaries -> drafter-token labels, inside the drafter's chat
    prefix (the tap of a context token depends on what precedes it, and in serving that is
    the chat template's system and user header).
@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from pflash.compress.segments import ProbeParams, probe_cuts
-from pflash.train.options import options_from_args
-from pflash.train.probe_corpus import LabelledText, documents
+from pflash_lab.train.options import options_from_args
+from pflash_lab.train.probe_corpus import LabelledText, documents
 
 log = logging.getLogger(__name__)
 

@@ -44,14 +44,14 @@ import numpy as np
 
 from pflash.models.projection import RMS_EPS, pooled_rows, projected_cosines
 from pflash.spans import Span
-from pflash.train.head import (
+from pflash_lab.train.head import (
     EMBEDDED,
     score_request,
     scoring_config,
     validation_examples,
 )
-from pflash.train.head_corpus import HEAD_FAMILIES, HeadExample, examples
-from pflash.train.options import options_from_args
+from pflash_lab.train.head_corpus import HEAD_FAMILIES, HeadExample, examples
+from pflash_lab.train.options import options_from_args
 
 DEFAULT_FAMILIES = (
     "paraphrase_pairs",

@@ -27,7 +27,7 @@ import httpx
 import pytest
 import yaml
 
-from pflash.bench.launch import ServeCluster, free_port
+from pflash_lab.bench.launch import ServeCluster, free_port
 
 pytestmark = pytest.mark.integration
 sys.path.insert(0, str(Path(__file__).parent))  # bad_requests.py, the fuzz strategies

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pflash.compress.chat import render_chat
-from pflash.corpus.cases import (
+from pflash_lab.corpus.cases import (
     FAMILIES,
     INSTRUCTION,
     CaseSpec,

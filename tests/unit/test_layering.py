@@ -1,6 +1,6 @@
 """The package's arrows point down: what imports what, read from the source (issue 14).
 
-- nothing under `pflash/` outside `pflash/bench/` imports the benchmark harness, not even
+- nothing under `pflash/` outside `pflash_lab/bench/` imports the benchmark harness, not even
   lazily inside a function (training and the CLI used to);
 - nothing under `pflash/` imports Ray or the deployments: decisions stay testable without a
   cluster, and `deployments/` only carries;
@@ -42,7 +42,9 @@ def _within(name: str, package: str) -> bool:
 
 def test_no_product_module_imports_the_benchmark_harness():
     offenders = {
-        str(path.relative_to(ROOT)): sorted(n for n in _imports(path) if _within(n, "pflash.bench"))
+        str(path.relative_to(ROOT)): sorted(
+            n for n in _imports(path) if _within(n, "pflash_lab.bench")
+        )
         for path in _modules()
         if PACKAGE / "bench" not in path.parents
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pflash.bench.long_context import (
+from pflash_lab.bench.long_context import (
     ANIMALS,
     DEPTHS,
     MULTI_FACT_PER_HAYSTACK,

@@ -41,7 +41,7 @@ from engine_cases import (
     three_turns,
 )
 
-from pflash.bench.launch import ServeCluster, free_port
+from pflash_lab.bench.launch import ServeCluster, free_port
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))  # faults.py
 from faults import replica_pids  # noqa: E402

@@ -45,7 +45,7 @@ from engine_cases import (
     three_turns,
 )
 
-from pflash.bench.launch import ServeCluster, free_port, stop_group
+from pflash_lab.bench.launch import ServeCluster, free_port, stop_group
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))  # tool_chat.py
 import tool_chat  # noqa: E402
