@@ -136,8 +136,8 @@ def plan_example(case: BenchCase, text: TextSplit, *, tokenizer, config) -> Head
     """Render turn 0 with the drafter's chat template, plan it with `pipeline.prepare` (the
     serving path), and locate the document and the evidence in drafter tokens."""
     from pflash.compress.chat import render_chat
+    from pflash.compress.encoding import encode_as_written_with_offsets
     from pflash.compress.pipeline import PromptInput, prepare
-    from pflash.spans import encode_with_offsets
 
     messages = case.messages(0)
     rendered = render_chat(tokenizer, messages)
@@ -153,7 +153,7 @@ def plan_example(case: BenchCase, text: TextSplit, *, tokenizer, config) -> Head
         raise ValueError(f"{case.case_id}: not compressed ({prepared.reason})")
     drafter = prepared.plan.drafter
     if drafter.ids != req.ids:  # the plan's encoding is the request's
-        drafter = encode_with_offsets(tokenizer, drafter.text)
+        drafter = encode_as_written_with_offsets(tokenizer, drafter.text)
     doc_at = drafter.text.find(case.document)
     if doc_at < 0:
         raise ValueError(f"{case.case_id}: the document is not verbatim in the rendered prompt")
