@@ -344,7 +344,7 @@ def contribution_table(rows: Sequence[TurnResult], order: Sequence[str]) -> str:
 
 
 def add_arguments(bsub) -> None:
-    from pflash_lab.corpus.cases import FAMILIES
+    from pflash_lab.corpus.families import FAMILIES
 
     p = bsub.add_parser("ablate", help="evidence retention per family for each scoring variant")
     p.add_argument("--out", required=True, help="output directory (results.jsonl, summary.md)")
@@ -373,8 +373,9 @@ def add_arguments(bsub) -> None:
 
 
 def run_ablation(args) -> int:
-    from pflash_lab.bench.suite import parse_overrides, serve_args
-    from pflash_lab.corpus.cases import SuitePlan, generate, token_counter
+    from pflash_lab.bench.harness import parse_overrides, serve_args
+    from pflash_lab.corpus.cases import SuitePlan, token_counter
+    from pflash_lab.corpus.families import generate
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from pflash.config import build_config
     from pflash.models.loading import load_causal_lm
     from pflash.models.source import load_tokenizer
-    from pflash_lab.bench.suite import parse_overrides
+    from pflash_lab.bench.harness import parse_overrides
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="embedded:gemma3-270m")

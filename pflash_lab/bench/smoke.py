@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 from pflash_lab.bench.runner import Baselines, RunPlan, TurnResult, run_suite
-from pflash_lab.corpus.cases import CaseSpec, generate, token_counter
+from pflash_lab.corpus.cases import CaseSpec, token_counter
+from pflash_lab.corpus.families import generate
 
 SMOKE_SPECS = (
     CaseSpec("single_needle", 11, 1024, 0.5),
@@ -27,7 +28,7 @@ SMOKE_METHODS = ("pflash", "full", "tail", "random")
 def run_smoke(out: Path, *, base_url: str | None = None, keep: float = 0.2) -> list[TurnResult]:
     """Run the smoke cases; returns the results (also written under `out`)."""
     from pflash.models.source import load_tokenizer
-    from pflash_lab.bench.suite import RESULTS, http_engine, serve_args, write_report
+    from pflash_lab.bench.harness import RESULTS, http_engine, serve_args, write_report
 
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULTS).unlink(missing_ok=True)

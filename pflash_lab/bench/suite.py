@@ -20,38 +20,21 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
-from pflash_lab.bench.launch import ROOT, ServeCluster, free_port
-from pflash_lab.bench.runner import METHODS, Baselines, RunPlan, read_jsonl, run_suite
-from pflash_lab.corpus.cases import FAMILIES, SuitePlan, generate, token_counter
-
-RESULTS = "results.jsonl"
-SUMMARY = "summary.md"
-
-
-def serve_args() -> dict:
-    """The PFlash settings of serve_config.yaml's application (the product default)."""
-    cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    return dict(cfg["applications"][0]["args"])
-
-
-def inprocess_config(keep: float, overrides: dict | None = None):
-    """serve_config.yaml's settings at `keep`, then `--set` overrides (no PFLASH_* env)."""
-    from pflash.config import build_config
-
-    return build_config({**serve_args(), "keep_ratio": keep, **(overrides or {})}, env={})
-
-
-def parse_overrides(items: list[str] | None) -> dict:
-    """`KEY=VALUE` pairs, values read as YAML (so numbers, booleans and null work)."""
-    out = {}
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
+from pflash_lab.bench.ablation import add_arguments as add_ablation
+from pflash_lab.bench.ablation import run_ablation
+from pflash_lab.bench.harness import (
+    RESULTS,
+    SUMMARY,
+    http_engine,
+    inprocess_config,
+    parse_overrides,
+    serve_args,
+    write_report,
+)
+from pflash_lab.bench.runner import METHODS, Baselines, RunPlan, run_suite
+from pflash_lab.bench.smoke import run_smoke
+from pflash_lab.corpus.cases import SuitePlan, token_counter
+from pflash_lab.corpus.families import FAMILIES, generate
 
 
 def add_arguments(sub) -> None:
@@ -95,8 +78,6 @@ def add_arguments(sub) -> None:
     smoke.add_argument("--out", default=None, help="output directory (default: a temp dir)")
     smoke.add_argument("--base-url", default=None, help="use a running server instead")
 
-    from pflash_lab.bench.ablation import add_arguments as add_ablation
-
     add_ablation(bsub)
 
 
@@ -108,12 +89,8 @@ def run_bench(args) -> int:
         print(Path(args.out) / SUMMARY)
         return 0
     if args.bench_command == "ablate":
-        from pflash_lab.bench.ablation import run_ablation
-
         return run_ablation(args)
     if args.bench_command == "smoke":
-        from pflash_lab.bench.smoke import run_smoke
-
         out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="pflash-smoke-"))
         run_smoke(out, base_url=args.base_url)
         print((out / SUMMARY).read_text())
@@ -183,61 +160,6 @@ def _run(args) -> int:
     write_report(out)
     print((out / SUMMARY).read_text())
     return 0
-
-
-class http_engine:  # noqa: N801 - a context manager used like a function
-    """An `HttpEngine` on `base_url`, or on the embedded app started here (and stopped)."""
-
-    def __init__(self, tokenizer, base_url: str | None, workdir: Path, **app_args):
-        self.tokenizer, self.base_url, self.workdir = tokenizer, base_url, workdir
-        self.app_args = app_args
-        self.cluster: ServeCluster | None = None
-
-    def __enter__(self):
-        from pflash_lab.bench.runner import HttpEngine
-
-        if self.base_url is None:
-            self.cluster, self.base_url = start_app(self.workdir, **self.app_args)
-        return HttpEngine(self.base_url, self.tokenizer)
-
-    def __exit__(self, *exc) -> None:
-        if self.cluster is not None:
-            self.cluster.stop()
-
-
-def start_app(workdir: Path, *, cpus: float = 0.9, **args) -> tuple[ServeCluster, str]:
-    """serve_config.yaml's app on a free port with `pflash_return_prompt` allowed."""
-    cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    port = free_port()
-    cfg["http_options"]["port"] = port
-    app = cfg["applications"][0]
-    app["args"].update(return_prompt_enabled=True, threshold=1_000_000, **args)
-    for dep in app["deployments"]:
-        if dep["name"] in ("DrafterScorer", "TargetModel"):
-            dep["ray_actor_options"]["num_cpus"] = cpus
-    workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / "serve_config.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    cluster = ServeCluster(path, workdir)
-    base = f"http://127.0.0.1:{port}"
-    cluster.start(
-        f"{base}/v1/completions",
-        {"prompt": "Hi", "max_tokens": 1, "pflash_mode": "off"},
-        timeout_s=600,
-    )
-    return cluster, f"{base}/v1"
-
-
-def write_report(out: Path) -> None:
-    """summary.md and the PNG plots from `out/results.jsonl`."""
-    from pflash_lab.bench.plots import write_plots
-    from pflash_lab.bench.report import summary_markdown
-
-    results = read_jsonl(out / RESULTS)
-    meta_path = out / "run.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    plots = write_plots(results, out)
-    (out / SUMMARY).write_text(summary_markdown(results, meta=meta, plots=plots))
 
 
 # The `pflash.commands` entry point's protocol: `add_arguments(subparsers)` and `run(args)`.

@@ -6,7 +6,7 @@ contiguous runs of paragraphs from the license texts in /usr/share/common-licens
 docstrings of the Python standard library (read with `ast`, never imported), so the
 evidence competes with prose that is itself about numbers, names and conditions.
 
-Families (RULER / SCBench shaped; `FAMILIES`):
+Families (RULER / SCBench shaped; all of them, by name: `pflash_lab.corpus.families`):
 
 - `single_needle`: one "special magic number" needle at a depth in [0, 1] (§9.6 wording).
 - `multi_key`: the asked needle plus three distractor needles with other keys.
@@ -567,40 +567,6 @@ def placement(spec: CaseSpec, count: CountTokens) -> BenchCase:
 def system_document(spec: CaseSpec, count: CountTokens) -> BenchCase:
     """A single needle in a document inside the system message (a RAG app's layout)."""
     return single_needle(replace(spec, placement="system"), count)
-
-
-from pflash_lab.corpus.nonliteral import (  # noqa: E402  (builds on the blocks above)
-    aggregation,
-    described_code,
-    multi_turn_paraphrase,
-    paraphrased_needle,
-)
-
-FAMILIES: dict[str, Callable[[CaseSpec, CountTokens], BenchCase]] = {
-    "single_needle": single_needle,
-    "multi_key": multi_key,
-    "multi_value": multi_value,
-    "multi_query": multi_query,
-    "variable_tracking": variable_tracking,
-    "common_words": common_words,
-    "code_retrieval": code_retrieval,
-    "multi_turn": multi_turn,
-    "placement": placement,
-    "system_document": system_document,
-    "paraphrased_needle": paraphrased_needle,
-    "described_code": described_code,
-    "multi_turn_paraphrase": multi_turn_paraphrase,
-    "aggregation": aggregation,
-}
-
-
-def generate(spec: CaseSpec, count: CountTokens) -> BenchCase:
-    """The case for `spec` (deterministic: the same spec and counter give the same case)."""
-    try:
-        family = FAMILIES[spec.family]
-    except KeyError:
-        raise ValueError(f"unknown family {spec.family!r}; known: {', '.join(FAMILIES)}") from None
-    return family(spec, count)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,18 @@ from collections.abc import Iterator
 from dataclasses import replace
 from functools import lru_cache
 
+from pflash_lab.corpus.cases import (
+    BenchCase,
+    CaseSpec,
+    CodeFunction,
+    CountTokens,
+    Turn,
+    _body_tokens,
+    _depth,
+    code_functions,
+    haystack,
+    insert_at_depths,
+)
 from pflash_lab.corpus.code_descriptions import (
     CODE_QUESTION_FRAMES,
     DESCRIBED_FUNCTIONS,
@@ -301,20 +313,3 @@ def described_code(spec: CaseSpec, count: CountTokens) -> BenchCase:
     files.insert(rng.randrange(len(files) + 1), own)
     turn = Turn(question, (target.name,), (target.def_line,), max_tokens=16)
     return BenchCase(spec, FILE_SEPARATOR.join(files), (turn,))
-
-
-# At the end on purpose: `pflash_lab.corpus.cases` imports this module at its own end to list
-# these families in `FAMILIES`, so this module must be complete before it reads `cases`;
-# then either module may be imported first.
-from pflash_lab.corpus.cases import (  # noqa: E402
-    BenchCase,
-    CaseSpec,
-    CodeFunction,
-    CountTokens,
-    Turn,
-    _body_tokens,
-    _depth,
-    code_functions,
-    haystack,
-    insert_at_depths,
-)

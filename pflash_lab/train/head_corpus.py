@@ -17,7 +17,7 @@ Two held-out axes:
 - **wording**: `paraphrase_pairs` (`TRAINING_ONLY_FAMILIES`) is `paraphrased_needle` over the
   trainer's own word resource (`pflash_lab.train.paraphrase_pairs`): paraphrase-style pairs for
   the head, while the bench's non-literal families keep subjects, concepts and wordings no
-  head has seen. It is not a bench family (`cases.FAMILIES` does not list it).
+  head has seen. It is not a bench family (`families.FAMILIES` does not list it).
 """
 
 from __future__ import annotations
@@ -31,15 +31,14 @@ from typing import Literal
 from pflash.compress.query import QueryWindow
 from pflash.spans import Span
 from pflash_lab.corpus.cases import (
-    FAMILIES,
     BenchCase,
     CaseSpec,
     CountTokens,
     corpus_paragraphs,
-    generate,
     insert_at_depths,
     token_counter,
 )
+from pflash_lab.corpus.families import FAMILIES, generate
 from pflash_lab.corpus.nonliteral import paraphrased_needle
 from pflash_lab.train.paraphrase_pairs import TRAIN_SUBJECTS
 from pflash_lab.train.probe_corpus import split_of

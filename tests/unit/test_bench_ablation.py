@@ -17,8 +17,9 @@ from pflash_lab.bench.ablation import (
     variant,
     with_controls,
 )
-from pflash_lab.bench.suite import serve_args
-from pflash_lab.corpus.cases import CaseSpec, generate, token_counter
+from pflash_lab.bench.harness import serve_args
+from pflash_lab.corpus.cases import CaseSpec, token_counter
+from pflash_lab.corpus.families import generate
 
 
 def test_variant_values_are_read_as_yaml():

@@ -7,16 +7,15 @@ import pytest
 
 from pflash.compress.chat import render_chat
 from pflash_lab.corpus.cases import (
-    FAMILIES,
     INSTRUCTION,
     CaseSpec,
     SuitePlan,
     corpus_paragraphs,
-    generate,
     insert_at_depths,
     split_middle,
     token_counter,
 )
+from pflash_lab.corpus.families import FAMILIES, generate
 
 
 @pytest.fixture(scope="module")

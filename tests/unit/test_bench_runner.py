@@ -176,7 +176,7 @@ def test_run_plan_sweeps_only_the_chosen_cases_and_methods():
 
 
 def test_set_overrides_are_read_as_yaml_values_and_reach_the_config():
-    from pflash_lab.bench.suite import inprocess_config, parse_overrides
+    from pflash_lab.bench.harness import inprocess_config, parse_overrides
 
     overrides = parse_overrides(
         ["select_segments=fixed", "select_chunk_size=128", "trace_path=null"]

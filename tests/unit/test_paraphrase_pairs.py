@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from pflash_lab.corpus.cases import FAMILIES, corpus_paragraphs, token_counter
+from pflash_lab.corpus.cases import corpus_paragraphs, token_counter
+from pflash_lab.corpus.families import FAMILIES
 from pflash_lab.corpus.paraphrase import SUBJECTS, Concept, draw_value, statement_pattern
 from pflash_lab.corpus.wording import shared_words
 from pflash_lab.train.head import scoring_config
