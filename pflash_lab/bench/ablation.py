@@ -1,6 +1,6 @@
 """`pflash bench ablate`: evidence retention per family for each scoring mechanism, side by side.
 
-Issue 10 asks what each mechanism (lexical anchors, the cascade, the position prior,
+It answers what each mechanism (lexical anchors, the cascade, the position prior,
 look-ahead queries, a calibrated or trained head) adds on top of attention alone. Retention
 depends only on what is served, so this bench runs no target: every turn is compressed by
 every variant and the served prompt is checked for the turn's evidence strings (the same

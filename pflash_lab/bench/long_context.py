@@ -1,4 +1,4 @@
-"""Long-context drafter benchmark (issue 15): dense vs windowed vs block-sparse drafter
+"""Long-context drafter benchmark: dense vs windowed vs block-sparse drafter
 attention, and where the window's sink keys are read from (`drafter_sink_positions`).
 
 `python -m pflash_lab.bench.long_context [--lengths 8192 16384] [--modes dense window block_sparse]

@@ -1,4 +1,4 @@
-"""A long prompt through the HTTP API of the real app, with where its time goes (issue 15).
+"""A long prompt through the HTTP API of the real app, with where its time goes.
 
 `python -m pflash_lab.bench.long_http --lengths 32768 131072 [--attention window]`
 

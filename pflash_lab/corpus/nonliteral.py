@@ -1,4 +1,4 @@
-"""Bench families whose question does not name its evidence (issue 18, item 1).
+"""Bench families whose question does not name its evidence.
 
 Why: in every family of `pflash_lab.corpus.cases` the question repeats the rare words of its
 evidence ("the special magic {key} number", a docstring quoted verbatim), so lexical

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "pflash"
 TOP_PACKAGES = ("pflash", "deployments", "pflash_lab")
 LAB_COMMANDS = ("bench", "calibrate", "head", "probe", "projection")
 LONG_MODULE_LINES = 620

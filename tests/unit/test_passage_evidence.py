@@ -1,4 +1,4 @@
-"""Likelihood evidence in strict selection (pflash.compress.passage_evidence.py, issue 18).
+"""Likelihood evidence in strict selection (pflash/compress/passage_evidence.py).
 
 The pure steps on real drafter text (passages, the question, the mix), then the product flow
 with deterministic scorers that stand in for the drafter's two signals: attention on a decoy

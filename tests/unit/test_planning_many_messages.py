@@ -1,4 +1,4 @@
-"""A chat of a thousand short messages is planned (issue 15 item 4).
+"""A chat of a thousand short messages is planned.
 
 How the planning time grows with the number of messages is a benchmark
 (`python -m pflash_lab.bench.planning`, BENCHMARKS.md); here the same code path runs once at

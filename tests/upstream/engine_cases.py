@@ -34,7 +34,7 @@ def envelope(r: httpx.Response, status: int) -> dict:
 
 # The three-turn view test pins view mechanics against a real engine (continue, the served
 # prefix extended, the engine's prefix cache hit) with the attention-only selection: with
-# semantic evidence (the default since issue 18) the third turn's fresh selection differs from
+# semantic evidence (the default since it was measured) the third turn's fresh selection differs from
 # the view by more than a third and rebuilds (measured; a finding for the recall policy, §6.2).
 VIEW_ARGS = {"select_semantic_weight": 0.0}
 

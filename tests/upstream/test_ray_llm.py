@@ -1,4 +1,4 @@
-"""PFlash with Ray Serve LLM as the target (issue 17, `target_backend: ray_llm`): one Ray
+"""PFlash with Ray Serve LLM as the target (`target_backend: ray_llm`): one Ray
 cluster from examples/serve_config.ray_llm.yaml, where Ray Serve LLM's `LLMServer` runs vLLM
 (the CPU build) in vLLM's own venv (`runtime_env.py_executable`) and PFlash's TargetModel
 reaches it through a deployment handle, no HTTP hop. Through the official `openai` client.

