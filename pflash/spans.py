@@ -184,20 +184,6 @@ class TokenizedText:
         return Span(self.token_containing(char_begin), self.token_at_or_after(char_end))
 
 
-def encode_with_offsets(tokenizer: Tokenizer, text: str) -> TokenizedText:
-    """Encode `text` as written (no BOS/EOS added) keeping character offsets.
-
-    Special tokens written in the text (chat markers) are matched as single tokens, as the
-    target would read a raw prompt. A prompt whose markers are not all its template's is
-    encoded with its controls instead (`pflash.compress.encoding.encode_with_offsets`).
-    Byte-level BPE can give a token an empty or shared offset range (a multi-byte character
-    split across tokens); offsets are made monotone so lookups stay well defined.
-    """
-    from pflash.compress import encoding
-
-    return encoding.encode_with_offsets(tokenizer, text, encoding.find_controls(tokenizer, text))
-
-
 def decode_ids(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
     """Decode token ids to text exactly (no cleanup of spaces), keeping special tokens."""
     return tokenizer.decode(

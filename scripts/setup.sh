@@ -13,6 +13,11 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 . .venv/bin/activate
+# The lab (pflash_lab/: benchmark harness, trainers, corpora) is not part of the installed
+# distribution (pyproject.toml says why); this checkout goes on the venv's path instead, so
+# `pflash bench`, `pflash probe train` and the tests import it. Rewritten on every run, so
+# a moved checkout stays right.
+echo "$PWD" > "$(python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/pflash_lab_checkout.pth"
 stamp=.venv/.pflash-installed
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

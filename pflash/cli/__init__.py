@@ -1,18 +1,19 @@
-"""`pflash` command line: plan, compress, trace view, probe/head/projection train, calibrate, and the
-commands other packages register (the benchmark harness registers `pflash bench`).
+"""`pflash` command line: plan, compress, trace view, and the commands the lab registers
+(`bench`, `probe train`, `head train`, `projection train`, `calibrate`).
 
 Each subcommand lives in the module of what it does; this file only parses arguments. The
-product does not import the benchmark harness: a package adds commands through the
-`pflash.commands` entry-point group, each entry a module with `add_arguments(subparsers)`
-(adding one subcommand named as the entry) and `run(args) -> int`.
+product does not import the lab (pflash_lab): a package adds commands through the
+`pflash.commands` entry-point group, each entry an object (a module will do) with
+`add_arguments(subparsers)` (adding one subcommand named as the entry) and
+`run(args) -> int`. Where the lab is not installed, its commands say how to get it.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from importlib.metadata import entry_points
-from types import ModuleType
 
 COMMANDS_GROUP = "pflash.commands"
 
@@ -60,48 +61,44 @@ def _add_compress(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help='print one {"prompt", "stats"} object')
 
 
-def _add_probe(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("probe", help="segment probe: train it for a drafter")
-    actions = p.add_subparsers(dest="probe_command", required=True)
-    train = actions.add_parser(
-        "train",
-        help="train the segment probe on the drafter's tap (stdlib sources, licenses) and "
-        "write its GGUF",
-    )
-    from pflash.train.probe import add_arguments
+@dataclass(frozen=True)
+class _Missing:
+    """A registered command whose package cannot be imported here: `pflash NAME` says what
+    to install instead of failing on an import error, and exits 2."""
 
-    add_arguments(train)
+    name: str
+    error: str
 
+    def message(self) -> str:
+        return (
+            f"pflash {self.name}: this command belongs to the lab (pflash_lab: benchmark "
+            "harness, trainers, corpora), which the pflash-serve distribution does not install "
+            f"({self.error}). It runs from a checkout of the repository: `bash scripts/setup.sh` "
+            "there installs PFlash with its test and bench extras and puts the lab on the path."
+        )
 
-def _add_head(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("head", help="trained scoring head: train it for a drafter")
-    actions = p.add_subparsers(dest="head_command", required=True)
-    train = actions.add_parser(
-        "train",
-        help="train the scoring head (q/k projections of the scoring layer) on retrieval "
-        "prompts over real text and write its GGUF",
-    )
-    from pflash.train.head import add_arguments
+    def add_arguments(self, sub: argparse._SubParsersAction) -> None:
+        p = sub.add_parser(
+            self.name, help="(lab command, not installed)", add_help=False, prefix_chars="\0"
+        )
+        p.add_argument("rest", nargs="*")
 
-    add_arguments(train)
-
-
-def _add_projection(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("projection", help="tap projection (passage evidence): train it")
-    actions = p.add_subparsers(dest="projection_command", required=True)
-    train = actions.add_parser(
-        "train",
-        help="train the tap projection on question/evidence pairs over real text and write "
-        "its GGUF",
-    )
-    from pflash.train.projection import add_arguments
-
-    add_arguments(train)
+    def run(self, args: argparse.Namespace) -> int:
+        print(self.message(), file=sys.stderr)
+        return 2
 
 
-def _registered_commands() -> dict[str, ModuleType]:
-    """Commands installed packages register (entry points of group `pflash.commands`)."""
-    return {ep.name: ep.load() for ep in entry_points(group=COMMANDS_GROUP)}
+def _registered_commands() -> dict[str, object]:
+    """Commands registered under the entry-point group `pflash.commands` (the lab's:
+    `bench`, `probe`, `head`, `projection`, `calibrate`); one whose package is not
+    importable becomes a `_Missing` that says so."""
+    commands: dict[str, object] = {}
+    for ep in entry_points(group=COMMANDS_GROUP):
+        try:
+            commands[ep.name] = ep.load()
+        except ImportError as exc:
+            commands[ep.name] = _Missing(ep.name, str(exc))
+    return commands
 
 
 def _add_trace(sub: argparse._SubParsersAction) -> None:
@@ -120,27 +117,12 @@ def _add_trace(sub: argparse._SubParsersAction) -> None:
     )
 
 
-def _add_calibrate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "calibrate",
-        help="measure the drafter's scoring layer and per-head weights on needle prompts and "
-        "write a calibration file (drafter_calibration)",
-    )
-    from pflash.train.calibrate import add_arguments
-
-    add_arguments(p)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pflash", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_plan(sub)
     _add_compress(sub)
-    _add_probe(sub)
-    _add_head(sub)
-    _add_projection(sub)
     _add_trace(sub)
-    _add_calibrate(sub)
     registered = _registered_commands()
     for command in registered.values():
         command.add_arguments(sub)
@@ -154,28 +136,12 @@ def main(argv: list[str] | None = None) -> int:
         from pflash.cli.compress import run_compress
 
         return run_compress(args)
-    if args.command == "probe" and args.probe_command == "train":
-        from pflash.train.probe import run_train
-
-        return run_train(args)
-    if args.command == "head" and args.head_command == "train":
-        from pflash.train.head import run_train as run_head_train
-
-        return run_head_train(args)
-    if args.command == "projection" and args.projection_command == "train":
-        from pflash.train.projection import run_train as run_projection_train
-
-        return run_projection_train(args)
     if args.command in registered:
         return registered[args.command].run(args)
     if args.command == "trace":
         from pflash.cli.trace_view import run_trace_view
 
         return run_trace_view(args)
-    if args.command == "calibrate":
-        from pflash.train.calibrate import run_calibrate
-
-        return run_calibrate(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

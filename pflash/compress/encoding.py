@@ -204,6 +204,12 @@ def encode_as_written(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
     return encode(tokenizer, text, find_controls(tokenizer, text))
 
 
+def encode_as_written_with_offsets(tokenizer: Tokenizer, text: str) -> TokenizedText:
+    """`encode_as_written` keeping character offsets (monotone, so lookups stay defined
+    where byte-level BPE splits a character across tokens)."""
+    return encode_with_offsets(tokenizer, text, find_controls(tokenizer, text))
+
+
 def encode_with_offsets(
     tokenizer: Tokenizer, text: str, controls: Sequence[tuple[int, int]]
 ) -> TokenizedText:

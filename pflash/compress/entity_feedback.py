@@ -4,7 +4,7 @@ Why: a question about one entity often does not name it ("About the firm describ
 who founded it? How large is its staff?"). The sentence embedder ranks each fact well for
 its own part of the question, but a short fact naming the firm competes with near-miss
 sentences about other firms, vessels and leases, and several facts fall out of the budget
-(issue 18's aggregation family: facts at rank 40-90 of 390 passages). Together, though, the
+(the bench's aggregation family: facts at rank 40-90 of 390 passages). Together, though, the
 passages naming the firm answer the question better than those naming any other name: the
 sum of a name's passage scores picks the entity out. This is the pseudo-relevance feedback
 of classic retrieval, restricted to names so that it follows an entity, not a topic. It only

@@ -1,7 +1,7 @@
 """Passage evidence in strict selection: passages that answer the question in other words.
 
 Why: attention at the drafter's scoring layer does not connect a paraphrased question to its
-evidence (BENCHMARKS.md, issue 18). Three signals can, each scored per passage of the text
+evidence (BENCHMARKS.md, the paraphrased families). Three signals can, each scored per passage of the text
 before the question and mixed into the token scores:
 
 - **likelihood** (`select_likelihood_weight`): the drafter as a language model; reading the

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 EMBEDDED_SMOLLM2 = "embedded:smollm2-135m"
-# The embedded drafter's measured scoring layer (BENCHMARKS.md, issue 10: layer 8 of 30 with
+# The embedded drafter's measured scoring layer (BENCHMARKS.md: layer 8 of 30 with
 # the head and probe trained for it keeps the evidence layer 17 keeps, at half the cost) and
 # the layers a trained head and probe ship for (pflash/data; None = the profile default, 17).
 EMBEDDED_HEAD_LAYER = 8
@@ -278,7 +278,7 @@ class SelectionConfig(Component):
 
 
 class LexicalConfig(Component):
-    """Lexical evidence in strict selection, for small drafters (issue 10). Read by the
+    """Lexical evidence in strict selection, for small drafters. Read by the
     request flow."""
 
     select_lexical: LexicalMode = Field(
@@ -434,7 +434,7 @@ class ScoringConfig(Component):
         description="Tap projection GGUF for select_projection_weight, bound to the drafter file by sha256; `embedded` = the projection shipped for embedded:smollm2-135m at layer 8 (pflash projection train reproduces it); auto = `embedded` for that drafter, else none; any other value is a path. Read only when select_projection_weight > 0.",
     )
 
-    # --- look-ahead queries (issue 10)
+    # --- look-ahead queries
     drafter_lookahead_tokens: int = Field(
         0,
         ge=0,

@@ -1,4 +1,4 @@
-"""A sentence embedder for semantic evidence (issue 18): the question against each passage.
+"""A sentence embedder for semantic evidence: the question against each passage.
 
 Why a second, separate model: on questions that paraphrase their evidence, the drafter's
 attention keeps what it keeps for an unrelated question, and its question likelihood ranks

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 sys.path.insert(0, str(Path(__file__).parent))
 from bad_requests import BAD_REQUESTS  # noqa: E402
 
-from pflash.bench.launch import ROOT, ServeCluster, free_port  # noqa: E402
+from pflash_lab.bench.launch import ROOT, ServeCluster, free_port  # noqa: E402
 
 
 def main(n: int) -> int:

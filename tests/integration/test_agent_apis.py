@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from pflash.bench.launch import ServeCluster, free_port
+from pflash_lab.bench.launch import ServeCluster, free_port
 
 pytestmark = pytest.mark.integration
 sys.path.insert(0, str(Path(__file__).parent))  # test_serve_app.py: the app's config

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pflash.bench.smoke import SMOKE_METHODS, SMOKE_SPECS, run_smoke
+from pflash_lab.bench.smoke import SMOKE_METHODS, SMOKE_SPECS, run_smoke
 
 pytestmark = pytest.mark.integration
 

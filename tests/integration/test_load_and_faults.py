@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from pflash.bench.launch import ServeCluster, free_port
+from pflash_lab.bench.launch import ServeCluster, free_port
 
 sys.path.insert(0, str(Path(__file__).parent))  # faults.py, shared with the other fault tests
 import faults  # noqa: E402

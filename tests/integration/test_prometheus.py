@@ -29,7 +29,7 @@ import httpx
 import pytest
 import yaml
 
-from pflash.bench.launch import alive, descendants, free_ports, group_members, stop_group
+from pflash_lab.bench.launch import alive, descendants, free_ports, group_members, stop_group
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ import httpx
 import pytest
 import yaml
 
-from pflash.bench.launch import ServeCluster, free_port
+from pflash_lab.bench.launch import ServeCluster, free_port
 
 pytestmark = pytest.mark.integration
 sys.path.insert(0, str(Path(__file__).parent))  # bad_requests.py, the fuzz strategies
@@ -69,8 +69,8 @@ def _config(tmp: Path, port: int) -> Path:
         select_position_prior="off",
         scoring_head_gguf=None,
         drafter_head_layer=None,
-        # ... over a dense trunk, as measured: with the windowed trunk (the default since
-        # issue 15) this untuned layer's lifts no longer recall the third turn's fact on this
+        # ... over a dense trunk, as measured: with the windowed trunk (the default for long
+        # prompts) this untuned layer's lifts no longer recall the third turn's fact on this
         # 4.5K-token document; the product scorer (layer 8 and its head) recalls all three
         # facts under either attention, lexical evidence on or off (BENCHMARKS.md)
         drafter_attention="dense",
@@ -105,7 +105,7 @@ def _config(tmp: Path, port: int) -> Path:
         return_prompt_enabled=True,
         threshold=100_000,
         select_semantic_weight=1.0,  # the sentence embedder ranks what attention would fill
-        # passage cuts (the default since issue 18) serve this 6K-character GPL prompt as
+        # passage cuts (the default) serve this 6K-character GPL prompt as
         # line-sized pieces; the needle is kept, but Gemma 270M (a base model) then repeats
         # the question where it answers on the full prompt. Over ten license prompts it
         # answered 10/10 full, 9/10 without cuts, 8/10 with them (BENCHMARKS.md): what this

@@ -19,8 +19,9 @@ from pflash.compress.assemble import (
     recall_block,
     recall_text,
 )
+from pflash.compress.encoding import encode_as_written_with_offsets
 from pflash.errors import CompressionFailed
-from pflash.spans import Span, decode_ids, encode_with_offsets
+from pflash.spans import Span, decode_ids
 
 CHAT = (
     "<|im_start|>system\nYou answer questions about the documents.<|im_end|>\n"
@@ -98,7 +99,7 @@ def kept_runs(n: int) -> tuple[Span, ...]:
 def test_assembly_round_trip_across_tokenizers(request, drafter_name, target_name):
     drafter = request.getfixturevalue(drafter_name)
     target = request.getfixturevalue(target_name)
-    ids = encode_with_offsets(drafter, CHAT).ids
+    ids = encode_as_written_with_offsets(drafter, CHAT).ids
     spans = kept_runs(len(ids))
 
     out = assemble(drafter, target, ids, spans, paragraph_join=True)
@@ -121,7 +122,7 @@ def test_assembly_round_trip_across_tokenizers(request, drafter_name, target_nam
 def test_chat_markers_in_kept_text_become_target_marker_tokens(request, drafter_name, target_name):
     drafter = request.getfixturevalue(drafter_name)
     target = request.getfixturevalue(target_name)
-    ids = encode_with_offsets(drafter, CHAT).ids
+    ids = encode_as_written_with_offsets(drafter, CHAT).ids
     out = assemble(drafter, target, ids, kept_runs(len(ids)), paragraph_join=True)
     im_start = target.convert_tokens_to_ids("<|im_start|>")
     im_end = target.convert_tokens_to_ids("<|im_end|>")
@@ -131,7 +132,7 @@ def test_chat_markers_in_kept_text_become_target_marker_tokens(request, drafter_
 
 
 def test_without_paragraph_join_text_is_the_plain_decode(smollm2_tokenizer, bpe_tokenizer):
-    ids = encode_with_offsets(bpe_tokenizer, CHAT).ids
+    ids = encode_as_written_with_offsets(bpe_tokenizer, CHAT).ids
     spans = kept_runs(len(ids))
     out = assemble(bpe_tokenizer, smollm2_tokenizer, ids, spans, paragraph_join=False)
     assert out.text == decode_ids(bpe_tokenizer, [i for s in spans for i in ids[s.begin : s.end]])
@@ -140,7 +141,7 @@ def test_without_paragraph_join_text_is_the_plain_decode(smollm2_tokenizer, bpe_
 
 
 def test_single_kept_run_has_no_junction(smollm2_tokenizer):
-    ids = encode_with_offsets(smollm2_tokenizer, CHAT).ids
+    ids = encode_as_written_with_offsets(smollm2_tokenizer, CHAT).ids
     out = assemble(smollm2_tokenizer, smollm2_tokenizer, ids, [Span(5, 40)], paragraph_join=True)
     assert out.text == decode_ids(smollm2_tokenizer, ids[5:40])
     assert out.target_ids == tuple(ids[5:40])
@@ -153,7 +154,7 @@ def test_single_kept_run_has_no_junction(smollm2_tokenizer):
     ids=["empty", "touching", "unsorted", "out_of_range"],
 )
 def test_non_canonical_or_empty_kept_spans_fail_closed(smollm2_tokenizer, spans):
-    ids = encode_with_offsets(smollm2_tokenizer, CHAT).ids
+    ids = encode_as_written_with_offsets(smollm2_tokenizer, CHAT).ids
     with pytest.raises(CompressionFailed) as err:
         assemble(smollm2_tokenizer, smollm2_tokenizer, ids, spans, paragraph_join=True)
     assert err.value.stage == "assembly"
@@ -162,7 +163,7 @@ def test_non_canonical_or_empty_kept_spans_fail_closed(smollm2_tokenizer, spans)
 def test_cut_marker_goes_between_runs_and_counts_against_the_ceiling(
     smollm2_tokenizer, bpe_tokenizer
 ):
-    ids = encode_with_offsets(bpe_tokenizer, CHAT).ids
+    ids = encode_as_written_with_offsets(bpe_tokenizer, CHAT).ids
     spans = kept_runs(len(ids))
     out = assemble(
         bpe_tokenizer, smollm2_tokenizer, ids, spans, paragraph_join=True, cut_marker=True
@@ -365,7 +366,7 @@ def test_recall_block_layout_skips_empty_excerpts():
 
 
 def test_recall_text_decodes_and_cleans_drafter_spans(smollm2_tokenizer):
-    tok = encode_with_offsets(smollm2_tokenizer, CHAT)
+    tok = encode_as_written_with_offsets(smollm2_tokenizer, CHAT)
     first = CHAT.index("Document 1")
     third = CHAT.index("Document 3")
     spans = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pflash.bench.ablation import (
+from pflash_lab.bench.ablation import (
     CONTROL_QUESTIONS,
     AblationEngine,
     contribution_table,
@@ -17,8 +17,9 @@ from pflash.bench.ablation import (
     variant,
     with_controls,
 )
-from pflash.bench.suite import serve_args
-from pflash.corpus.cases import CaseSpec, generate, token_counter
+from pflash_lab.bench.harness import serve_args
+from pflash_lab.corpus.cases import CaseSpec, token_counter
+from pflash_lab.corpus.families import generate
 
 
 def test_variant_values_are_read_as_yaml():
@@ -64,7 +65,7 @@ def test_real_drafter_case_is_scored_per_variant_and_tabulated(smollm2_tokenizer
 
 
 def test_a_crashed_baseline_turn_is_reported_and_not_scored():
-    from pflash.bench.runner import TurnResult
+    from pflash_lab.bench.runner import TurnResult
 
     def row(method, kept, error=""):
         return TurnResult(
@@ -97,7 +98,7 @@ def test_variants_sharing_a_pass_each_get_the_evidence_they_ask_for(smollm2_toke
 
 
 def test_a_variant_that_fails_to_compress_is_an_error_row_not_a_zero():
-    from pflash.bench.runner import Served
+    from pflash_lab.bench.runner import Served
 
     class FailingEngine:
         configs = {"broken": None}
@@ -128,8 +129,8 @@ class LexicalEngine:
         return tuple(range(len(" ".join(m["content"] for m in messages).split())))
 
     def serve(self, messages: list[dict]) -> dict:
-        from pflash.bench.runner import Served
-        from pflash.corpus.wording import shared_words
+        from pflash_lab.bench.runner import Served
+        from pflash_lab.corpus.wording import shared_words
 
         body, _, question = messages[-1]["content"].rpartition("Question: ")
         kept = [p for p in body.split("\n\n") if shared_words(question, p)]
@@ -153,9 +154,9 @@ def test_control_case_swaps_every_question_and_keeps_document_and_evidence(count
 
 
 def test_control_questions_share_no_word_with_any_fact_needle_or_question_wording():
-    from pflash.corpus.cases import needle
-    from pflash.corpus.paraphrase import SUBJECTS
-    from pflash.corpus.wording import shared_words
+    from pflash_lab.corpus.cases import needle
+    from pflash_lab.corpus.paraphrase import SUBJECTS
+    from pflash_lab.corpus.wording import shared_words
 
     wordings = [needle("key", "1"), "One of the special magic numbers for key is"]
     for subject in SUBJECTS:
@@ -184,7 +185,7 @@ def test_control_rows_sit_next_to_the_real_ones_and_their_difference_is_reported
 def test_ablate_accepts_the_control_flag():
     import argparse
 
-    from pflash.bench.ablation import add_arguments
+    from pflash_lab.bench.ablation import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser.add_subparsers(dest="command"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pflash.bench.baselines import budget_tokens, random_chunks, tail_truncate
+from pflash_lab.bench.baselines import budget_tokens, random_chunks, tail_truncate
 
 TEXT = " ".join(f"word{i}" for i in range(600))
 

@@ -6,17 +6,16 @@ from __future__ import annotations
 import pytest
 
 from pflash.compress.chat import render_chat
-from pflash.corpus.cases import (
-    FAMILIES,
+from pflash_lab.corpus.cases import (
     INSTRUCTION,
     CaseSpec,
     SuitePlan,
     corpus_paragraphs,
-    generate,
     insert_at_depths,
     split_middle,
     token_counter,
 )
+from pflash_lab.corpus.families import FAMILIES, generate
 
 
 @pytest.fixture(scope="module")

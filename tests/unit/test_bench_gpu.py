@@ -1,6 +1,6 @@
 """The GPU check and the GPU deployment's guards, exercised on the CPU.
 
-`python -m pflash.bench.gpu --dry-run` runs every step of the GPU check at tiny sizes on the
+`python -m pflash_lab.bench.gpu --dry-run` runs every step of the GPU check at tiny sizes on the
 CPU (the same code the GPU run executes), so the script cannot rot before a GPU is at hand.
 A config asking for CUDA where torch sees no GPU fails at startup naming the `device` key.
 """
@@ -16,17 +16,17 @@ import pytest
 import torch
 from conftest import UNTUNED
 
-from pflash.bench.gpu import ATTENTIONS, KINDS, TOLERANCE, main
 from pflash.config import build_config
 from pflash.errors import ConfigError
 from pflash.models.drafter.scorer import DrafterScorer
 from pflash.models.loading import model_dtype, resolve_device
+from pflash_lab.bench.gpu import ATTENTIONS, KINDS, TOLERANCE, main
 
 
 def test_gpu_check_dry_run_runs_every_step_and_writes_its_report(tmp_path):
     out = tmp_path / "dry.json"
     run = subprocess.run(
-        [sys.executable, "-m", "pflash.bench.gpu", "--dry-run", "--out", str(out)],
+        [sys.executable, "-m", "pflash_lab.bench.gpu", "--dry-run", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -94,8 +94,8 @@ def test_models_load_in_bfloat16_on_a_gpu_and_float32_on_a_cpu():
 def test_a_bfloat16_drafter_scores_close_to_its_float32_self():
     """The dtype a GPU drafter runs in: the NoPE head's projections run in the layer's
     dtype (float32 input into bfloat16 weights was a dtype error), the mass in float32."""
-    from pflash.bench.gpu import _score_tiny
     from pflash.models.gguf_io import tiny_decoder
+    from pflash_lab.bench.gpu import _score_tiny
 
     model = tiny_decoder("qwen3", layers=4, seed=5)
     mass32, tap32 = _score_tiny(model, "qwen3", "dense", 60)
@@ -106,7 +106,7 @@ def test_a_bfloat16_drafter_scores_close_to_its_float32_self():
 
 
 def test_time_guard_skips_a_step_whose_scaled_estimate_does_not_fit():
-    from pflash.bench.gpu import Budget, scaled
+    from pflash_lab.bench.gpu import Budget, scaled
 
     budget = Budget(total_s=100.0)
     assert scaled(2.0, 32768, 131072) == 32.0  # 4x the tokens, squared

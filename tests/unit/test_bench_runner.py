@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from pflash.bench.report import goal_lines, summarise, summary_markdown, sweep_table
-from pflash.bench.runner import (
+from pflash_lab.bench.report import goal_lines, summarise, summary_markdown, sweep_table
+from pflash_lab.bench.runner import (
     Reply,
     RunPlan,
     Served,
@@ -18,7 +18,7 @@ from pflash.bench.runner import (
     score_turn,
     write_jsonl,
 )
-from pflash.corpus.cases import BenchCase, CaseSpec, Turn
+from pflash_lab.corpus.cases import BenchCase, CaseSpec, Turn
 
 
 def test_evidence_kept_ignores_whitespace_changes_and_counts_copies():
@@ -153,7 +153,7 @@ def test_results_round_trip_through_jsonl(tmp_path):
 def test_summary_markdown_and_plots_are_written(tmp_path):
     import matplotlib  # noqa: F401  (a test extra: the plots must render in CI)
 
-    from pflash.bench.plots import write_plots
+    from pflash_lab.bench.plots import write_plots
 
     plots = write_plots(CRAFTED, tmp_path)
     assert plots == ["retention_vs_keep.png", "ttft_vs_length.png"]
@@ -176,7 +176,7 @@ def test_run_plan_sweeps_only_the_chosen_cases_and_methods():
 
 
 def test_set_overrides_are_read_as_yaml_values_and_reach_the_config():
-    from pflash.bench.suite import inprocess_config, parse_overrides
+    from pflash_lab.bench.harness import inprocess_config, parse_overrides
 
     overrides = parse_overrides(
         ["select_segments=fixed", "select_chunk_size=128", "trace_path=null"]

@@ -20,7 +20,6 @@ from conftest import UNTUNED
 from pflash.compress.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest
 from pflash.config import build_config
-from pflash.corpus.needles import NeedlePrompt
 from pflash.errors import ConfigError
 from pflash.models.drafter.attention import (
     head_keys,
@@ -43,7 +42,8 @@ from pflash.models.gguf_io import tiny_decoder
 from pflash.models.loading import LoadedModel
 from pflash.models.source import ModelSource
 from pflash.spans import Span
-from pflash.train.calibrate import (
+from pflash_lab.corpus.needles import NeedlePrompt
+from pflash_lab.train.calibrate import (
     Measured,
     choose_layer,
     chunk_masses,
@@ -278,7 +278,7 @@ def test_needle_case_evidence_span_holds_the_asked_needle(smollm2_tokenizer):
 
 @pytest.mark.model
 def test_embedded_calibration_finds_the_needle_on_real_prose(smollm2_tokenizer):
-    from pflash.corpus.needles import needle_prompt, needle_rank
+    from pflash_lab.corpus.needles import needle_prompt, needle_rank
 
     scorer = DrafterScorer(build_config({"drafter_calibration": "embedded"}, env={}))
     assert scorer.profile.head_layer == scorer.calibration.layer

@@ -19,9 +19,9 @@ from pflash.compress.chat import (
     render_chat,
     resolve_marker,
 )
+from pflash.compress.encoding import encode_as_written_with_offsets
 from pflash.compress.rerender import SENTINEL_BEGIN, changed_char_span, locate_content_by_sentinel
 from pflash.errors import InvalidRequest
-from pflash.spans import encode_with_offsets
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"
 
@@ -71,7 +71,7 @@ def layout_of(tok, messages, name, *, thinking=None, tools=None, drafter=None):
     text = render_chat(
         tok, messages, tools=tools, enable_thinking=thinking, chat_template=template(name)
     )
-    enc = encode_with_offsets(drafter or tok, text)
+    enc = encode_as_written_with_offsets(drafter or tok, text)
     return enc, parse_chat(enc, tok, chat_template=template(name))
 
 
@@ -297,7 +297,9 @@ def test_sentinel_locates_the_latest_user_content_without_markers(smollm2_tokeni
     text = chat.render(smollm2_tokenizer)
     assert (
         parse_chat(
-            encode_with_offsets(smollm2_tokenizer, text), smollm2_tokenizer, chat_template=LLAMA3
+            encode_as_written_with_offsets(smollm2_tokenizer, text),
+            smollm2_tokenizer,
+            chat_template=LLAMA3,
         )
         is None
     )

@@ -441,7 +441,7 @@ def test_flat_key_nested_key_and_env_name_mean_the_same(key, yaml_value, env_val
     assert key == "select_container_headers" or expected != LAYOUT[component][key]
 
 
-# the five defaults that changed when the library took the embedded app's tuning (issue 14)
+# the five defaults that changed when the library took the embedded app's tuning
 BEFORE_DEFAULTS = {
     "keep_ratio": 0.05,
     "select_chunk_size": None,
@@ -451,7 +451,7 @@ BEFORE_DEFAULTS = {
 }
 
 
-# a drafter no projection ships for: the embedder alone, as before the projection (issue 18)
+# a drafter no projection ships for: the embedder alone, as before the projection
 NO_SHIPPED_PROJECTION = {
     "select_semantic_weight": 1.0,
     "select_projection_weight": 0.0,
@@ -510,7 +510,7 @@ def shipped_args(path: Path) -> dict:
 )
 def test_shipped_args_build_the_config_they_built_before_nesting(path, expected):
     """The effective config of the Serve configs shipped before the nesting and before the
-    product defaults became the embedded tuning (issue 14): every value, recorded from the
+    product defaults became the embedded tuning: every value, recorded from the
     flat PFlashConfig as the old defaults plus what each file set. keep_ratio is not read
     when a curve is set."""
     cfg = build_config(shipped_args(ROOT / path), env={})
@@ -785,7 +785,7 @@ def test_an_unknown_anonymous_policy_names_the_choices():
     assert "local, per_address, shared, refuse" in str(err.value)
 
 
-# ------------------------------------------------------------- evidence weights (issue 18)
+# ------------------------------------------------------------------------ evidence weights
 
 QWEN_DRAFTER = "/models/qwen3-0.6b/Qwen3-0.6B-Q8_0.gguf"
 

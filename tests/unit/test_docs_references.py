@@ -25,7 +25,7 @@ DOCS = ROOT / "docs"
 ALGORITHM = DOCS / "ALGORITHM.md"
 README = ROOT / "README.md"
 
-SCANNED_DIRS = ("pflash", "deployments", "tests", "scripts")  # every *.py below these
+SCANNED_DIRS = ("pflash", "pflash_lab", "deployments", "tests", "scripts")  # every *.py below these
 SCANNED_FILES = ("README.md", "serve_config.yaml")
 SECTION_SIGN = "\N{SECTION SIGN}"
 

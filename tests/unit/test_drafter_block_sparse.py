@@ -1,4 +1,4 @@
-"""Block-sparse drafter attention (issue 15): sink + window + the best-matching earlier
+"""Block-sparse drafter attention: sink + window + the best-matching earlier
 blocks below the scoring layer.
 
 The attention alone on random tensors (reading every block is dense causal attention; the

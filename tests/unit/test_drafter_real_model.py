@@ -3,7 +3,7 @@
 ~2K-token ChatML prompts built from license texts and Python stdlib docstrings with one
 needle sentence; the scorer queries with the generation prompt's last token and the
 question's last 8 tokens (the chat-first default). The generic profile's default head
-layer (17 of 30) was chosen from the per-layer table of `pflash.bench.drafter_speed`.
+layer (17 of 30) was chosen from the per-layer table of `pflash_lab.bench.drafter_speed`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from conftest import PARAPHRASED, UNTUNED
 
 from pflash.compress.scoring import ScoreRequest
 from pflash.config import build_config
-from pflash.corpus.needles import needle_prompt, needle_rank
+from pflash_lab.corpus.needles import needle_prompt, needle_rank
 
 pytestmark = pytest.mark.model
 

@@ -1,4 +1,4 @@
-"""Sink keys re-indexed next to the window (`drafter_sink_positions: adjacent`, issue 15).
+"""Sink keys re-indexed next to the window (`drafter_sink_positions: adjacent`).
 
 With the window moved on, the sink keys are read from ever farther away; `adjacent` reads
 them re-rotated to sit just before the oldest window key. Held to: the shift is exactly the

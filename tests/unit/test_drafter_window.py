@@ -1,4 +1,4 @@
-"""Windowed drafter attention (issue 15): sink + sliding window below the scoring layer.
+"""Windowed drafter attention: sink + sliding window below the scoring layer.
 
 Tiny random-weight llama, qwen3 and qwen3_5 models. A window covering the prompt gives the
 dense scores; a small window gives what one unchunked forward under the same mask gives

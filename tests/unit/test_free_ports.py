@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from pflash.bench.launch import free_ports
+from pflash_lab.bench.launch import free_ports
 
 
 def test_ports_chosen_together_are_distinct_free_and_outside_the_worker_range():

@@ -20,7 +20,7 @@ from pflash.models.gguf_io import read_scoring_head_gguf, tiny_decoder, write_de
 from pflash.models.loading import load_causal_lm
 from pflash.models.source import load_tokenizer
 from pflash.spans import Span
-from pflash.train.head import (
+from pflash_lab.train.head import (
     TrainableHead,
     TrainOptions,
     chunk_layout,
@@ -34,7 +34,7 @@ from pflash.train.head import (
     scoring_config,
     train_head,
 )
-from pflash.train.head_corpus import TRAIN_FAMILIES, HeadExample, examples
+from pflash_lab.train.head_corpus import TRAIN_FAMILIES, HeadExample, examples
 
 torch.set_num_threads(1)
 

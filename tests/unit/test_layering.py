@@ -1,38 +1,62 @@
-"""The package's arrows point down: what imports what, read from the source (issue 14).
+"""The repository's arrows point down: what imports what, read from the source.
 
-- nothing under `pflash/` outside `pflash/bench/` imports the benchmark harness, not even
-  lazily inside a function (training and the CLI used to);
+- the product (`pflash/`, `deployments/`) never imports the lab (`pflash_lab/`: benchmark
+  harness, trainers, corpora), not even lazily inside a function: the lab is not part of the
+  installed distribution;
 - nothing under `pflash/` imports Ray or the deployments: decisions stay testable without a
   cluster, and `deployments/` only carries;
+- no import cycle among the modules of `pflash/`, `deployments/` and `pflash_lab/`, lazy
+  imports included (a cycle hidden in a function is still two modules that need each other);
 - a product module over ~600 lines says why at its top;
-- `pflash bench` still reaches the harness, through the `pflash.commands` entry point.
+- the distribution ships `pflash` and `deployments` only;
+- the lab's commands reach it through the `pflash.commands` entry points, and where the lab
+  is not importable each says so and how to get it.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "pflash"
+TOP_PACKAGES = ("pflash", "deployments", "pflash_lab")
+LAB_COMMANDS = ("bench", "calibrate", "head", "probe", "projection")
 LONG_MODULE_LINES = 620
 
 
-def _modules() -> list[Path]:
-    return sorted(PACKAGE.rglob("*.py"))
+def _files(top: str) -> list[Path]:
+    return sorted((ROOT / top).rglob("*.py"))
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
 
 
 def _imports(path: Path) -> set[str]:
-    """Every module name an `import` or `from ... import` anywhere in the file names."""
+    """Every module name an `import` or `from ... import` anywhere in the file names
+    (relative imports resolved against the file's package)."""
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package.pop()
     names = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
     return names
 
 
@@ -40,11 +64,63 @@ def _within(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
-def test_no_product_module_imports_the_benchmark_harness():
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of this repository it imports. A name resolves to the longest
+    module it starts with (`from pflash.spans import Span` is an edge to `pflash.spans`)."""
+    paths = {_module_name(p): p for top in TOP_PACKAGES for p in _files(top)}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for module, path in paths.items():
+        targets = {resolve(n) for n in _imports(path)} - {None, module}
+        graph[module] = targets
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def test_the_product_never_imports_the_lab():
     offenders = {
-        str(path.relative_to(ROOT)): sorted(n for n in _imports(path) if _within(n, "pflash.bench"))
-        for path in _modules()
-        if PACKAGE / "bench" not in path.parents
+        str(path.relative_to(ROOT)): sorted(n for n in _imports(path) if _within(n, "pflash_lab"))
+        for top in ("pflash", "deployments")
+        for path in _files(top)
     }
     assert {k: v for k, v in offenders.items() if v} == {}
 
@@ -54,17 +130,26 @@ def test_the_library_imports_neither_ray_nor_the_deployments():
         str(path.relative_to(ROOT)): sorted(
             n for n in _imports(path) if _within(n, "ray") or _within(n, "deployments")
         )
-        for path in _modules()
-        if PACKAGE / "bench" not in path.parents
+        for path in _files("pflash")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def test_no_import_cycle_in_the_repository():
+    graph = import_graph()
+    assert "pflash_lab.bench.suite" in graph and "pflash.spans" in graph["pflash.compress.chat"]
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle_through_three_modules():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
 def test_long_product_modules_say_why_at_their_top():
     unexplained = []
-    for path in _modules():
-        if PACKAGE / "bench" in path.parents:
-            continue
+    for path in _files("pflash"):
         text = path.read_text(encoding="utf-8")
         if text.count("\n") <= LONG_MODULE_LINES:
             continue
@@ -72,6 +157,15 @@ def test_long_product_modules_say_why_at_their_top():
         if "lines" not in doc:
             unexplained.append(str(path.relative_to(ROOT)))
     assert unexplained == []
+
+
+def test_the_distribution_ships_the_product_and_registers_the_lab_commands():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    include = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert include == ["pflash", "pflash.*", "deployments", "deployments.*"]
+    commands = project["project"]["entry-points"]["pflash.commands"]
+    assert sorted(commands) == list(LAB_COMMANDS)
+    assert all(target.startswith("pflash_lab.") for target in commands.values())
 
 
 def test_pflash_bench_is_reached_through_the_registered_command(capsys):
@@ -82,3 +176,36 @@ def test_pflash_bench_is_reached_through_the_registered_command(capsys):
     assert done.value.code == 0
     out = capsys.readouterr().out
     assert "run" in out and "smoke" in out and "ablate" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["probe", "train", "--help"], "--max-segment"),
+        (["head", "train", "--help"], "--train-prompts"),
+        (["projection", "train", "--help"], "--families"),
+        (["calibrate", "--help"], "--validation-prompts"),
+    ],
+)
+def test_the_trainers_are_reached_through_their_registered_commands(capsys, argv, expected):
+    from pflash.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0
+    assert expected in capsys.readouterr().out
+
+
+def test_a_lab_command_without_the_lab_says_how_to_get_it(monkeypatch, capsys):
+    from pflash.cli import main
+
+    for name in [n for n in sys.modules if _within(n, "pflash_lab")] + ["pflash_lab"]:
+        monkeypatch.setitem(sys.modules, name, None)  # None: the import system's "not found"
+    assert main(["bench", "run", "--out", "somewhere"]) == 2
+    err = capsys.readouterr().err
+    assert "pflash bench:" in err and "scripts/setup.sh" in err and "pflash_lab" in err
+    assert main(["probe", "train", "--help"]) == 2
+    assert "pflash probe:" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:  # the product's own commands are all there
+        main(["plan", "--help"])
+    assert done.value.code == 0

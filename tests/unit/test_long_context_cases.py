@@ -1,4 +1,4 @@
-"""The long-context benchmark's haystacks (issue 15 item 5): what each question is judged on.
+"""The long-context benchmark's haystacks: what each question is judged on.
 
 Pure logic over stand-in paragraphs: five needles of different animals at their depths,
 two three-fact projects whose facts all sit in the text, questions that name what they ask
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pflash.bench.long_context import (
+from pflash_lab.bench.long_context import (
     ANIMALS,
     DEPTHS,
     MULTI_FACT_PER_HAYSTACK,

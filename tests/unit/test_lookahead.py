@@ -162,7 +162,7 @@ def test_lookahead_tap_is_the_prompt_s_scoring_layer_input():
 
 @pytest.mark.model
 def test_smollm2_lookahead_decodes_the_model_s_own_greedy_answer(smollm2_tokenizer):
-    from pflash.corpus.needles import needle_prompt
+    from pflash_lab.corpus.needles import needle_prompt
 
     k = 6
     scorer = DrafterScorer(build_config({"drafter_lookahead_tokens": k}, env={}))

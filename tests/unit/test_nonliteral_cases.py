@@ -16,24 +16,18 @@ import pytest
 
 from pflash.compress.chat import render_chat
 from pflash.compress.lexical import STOPWORDS as LEXICAL_STOPWORDS
-from pflash.corpus.cases import (
-    FAMILIES,
-    CaseSpec,
-    SuitePlan,
-    corpus_paragraphs,
-    generate,
-    token_counter,
-)
-from pflash.corpus.code_descriptions import (
+from pflash_lab.corpus.cases import CaseSpec, SuitePlan, corpus_paragraphs, token_counter
+from pflash_lab.corpus.code_descriptions import (
     CODE_QUESTION_FRAMES,
     DESCRIBED_FUNCTIONS,
     FunctionDescription,
     usable_descriptions,
 )
-from pflash.corpus.nonliteral import described_functions, distractor_count
-from pflash.corpus.paraphrase import AGGREGATE_FRAMES, ORGANISATION, SUBJECTS, statement_pattern
-from pflash.corpus.wording import STOPWORDS, same_word, shared_words
-from pflash.train.paraphrase_pairs import TRAIN_SUBJECTS
+from pflash_lab.corpus.families import FAMILIES, generate
+from pflash_lab.corpus.nonliteral import described_functions, distractor_count
+from pflash_lab.corpus.paraphrase import AGGREGATE_FRAMES, ORGANISATION, SUBJECTS, statement_pattern
+from pflash_lab.corpus.wording import STOPWORDS, same_word, shared_words
+from pflash_lab.train.paraphrase_pairs import TRAIN_SUBJECTS
 
 NONLITERAL = ("paraphrased_needle", "described_code", "multi_turn_paraphrase", "aggregation")
 FACT_FAMILIES = ("paraphrased_needle", "multi_turn_paraphrase", "aggregation")
@@ -308,7 +302,7 @@ def test_suite_plan_spreads_depths_for_paraphrased_needles_only():
 
 def test_nonliteral_module_imports_on_its_own():
     code = (
-        "import pflash.corpus.nonliteral as n; from pflash.corpus.cases import FAMILIES; "
+        "import pflash_lab.corpus.nonliteral as n; from pflash_lab.corpus.families import FAMILIES; "
         "assert FAMILIES['aggregation'] is n.aggregation"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

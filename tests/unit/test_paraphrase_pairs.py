@@ -9,12 +9,13 @@ import random
 
 import pytest
 
-from pflash.corpus.cases import FAMILIES, corpus_paragraphs, token_counter
-from pflash.corpus.paraphrase import SUBJECTS, Concept, draw_value, statement_pattern
-from pflash.corpus.wording import shared_words
-from pflash.train.head import scoring_config
-from pflash.train.head_corpus import HEAD_FAMILIES, case_for, examples, split_paragraphs
-from pflash.train.paraphrase_pairs import TRAIN_SUBJECTS
+from pflash_lab.corpus.cases import corpus_paragraphs, token_counter
+from pflash_lab.corpus.families import FAMILIES
+from pflash_lab.corpus.paraphrase import SUBJECTS, Concept, draw_value, statement_pattern
+from pflash_lab.corpus.wording import shared_words
+from pflash_lab.train.head import scoring_config
+from pflash_lab.train.head_corpus import HEAD_FAMILIES, case_for, examples, split_paragraphs
+from pflash_lab.train.paraphrase_pairs import TRAIN_SUBJECTS
 
 EMBEDDED = "embedded:smollm2-135m"
 

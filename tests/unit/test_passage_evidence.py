@@ -1,4 +1,4 @@
-"""Likelihood evidence in strict selection (pflash.compress.passage_evidence.py, issue 18).
+"""Likelihood evidence in strict selection (pflash/compress/passage_evidence.py).
 
 The pure steps on real drafter text (passages, the question, the mix), then the product flow
 with deterministic scorers that stand in for the drafter's two signals: attention on a decoy
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from pflash.compress.chat import render_chat
+from pflash.compress.encoding import encode_as_written_with_offsets
 from pflash.compress.passage_evidence import (
     PassageSignal,
     code_lines,
@@ -36,7 +37,7 @@ from pflash.compress.scoring import ScoreResult
 from pflash.compressor import compress_in_process
 from pflash.config import build_config
 from pflash.errors import CompressionFailed
-from pflash.spans import Span, encode_with_offsets, subtract
+from pflash.spans import Span, subtract
 
 # the evidence and a question that shares no content word with it
 EVIDENCE = "Tenants of the Sorvux towers lodge 1152 credits up front, returned when they move out."
@@ -75,7 +76,7 @@ def _prepared(tokenizer, cfg, content: str | None = None):
 
 def test_passages_tile_the_context_outside_pins_within_the_length(smollm2_tokenizer):
     text = _content(6000)
-    drafter = encode_with_offsets(smollm2_tokenizer, text)
+    drafter = encode_as_written_with_offsets(smollm2_tokenizer, text)
     end = drafter.token_at_or_after(text.index(QUESTION))
     pinned = (Span(0, 5), Span(300, 340))
     passages = evidence_passages(drafter, end, pinned, max_tokens=96)
@@ -92,7 +93,7 @@ def test_passages_tile_the_context_outside_pins_within_the_length(smollm2_tokeni
 
 def test_a_sentence_longer_than_a_passage_is_cut_in_parts(smollm2_tokenizer):
     text = "word " * 500 + "\n\n" + QUESTION
-    drafter = encode_with_offsets(smollm2_tokenizer, text)
+    drafter = encode_as_written_with_offsets(smollm2_tokenizer, text)
     end = drafter.token_at_or_after(text.index(QUESTION))
     passages = evidence_passages(drafter, end, (), max_tokens=64)
     assert [len(p) for p in passages[:-1]] == [64] * (len(passages) - 1)
@@ -188,7 +189,7 @@ def test_code_lines_map_each_body_line_to_its_innermost_header():
 
 
 def test_a_def_line_scores_as_high_as_the_docstring_that_matches_the_question(smollm2_tokenizer):
-    drafter = encode_with_offsets(smollm2_tokenizer, CODE)
+    drafter = encode_as_written_with_offsets(smollm2_tokenizer, CODE)
     passages = evidence_passages(drafter, len(drafter), [], max_tokens=12)
     texts = [drafter.text[slice(*drafter.char_span(p))] for p in passages]
     doc = next(i for i, t in enumerate(texts) if "paragraph" in t)
@@ -199,7 +200,7 @@ def test_a_def_line_scores_as_high_as_the_docstring_that_matches_the_question(sm
     lifted = lift_code_headers(drafter, passages, values)
     assert lifted[head] == pytest.approx(0.8) and lifted[doc] == pytest.approx(0.8)
     assert np.count_nonzero(lifted) == 2  # nothing else moves
-    prose = encode_with_offsets(smollm2_tokenizer, _content()[:2000])
+    prose = encode_as_written_with_offsets(smollm2_tokenizer, _content()[:2000])
     ps = evidence_passages(prose, len(prose), [], max_tokens=24)
     v = np.random.default_rng(0).random(len(ps))
     assert lift_code_headers(prose, ps, v).tolist() == v.tolist()  # prose is unchanged
@@ -211,7 +212,7 @@ def test_the_parts_of_a_sentence_cut_in_passages_all_score_its_best_part(smollm2
         " out of the building at the end of the lease if nothing in the flat was damaged."
     )
     text = "A short line.\n" + long + " Another sentence follows here.\nLast line."
-    drafter = encode_with_offsets(smollm2_tokenizer, text)
+    drafter = encode_as_written_with_offsets(smollm2_tokenizer, text)
     passages = evidence_passages(drafter, len(drafter), [], max_tokens=12)
     texts = [drafter.text[slice(*drafter.char_span(p))] for p in passages]
     parts = [i for i, t in enumerate(texts) if t.strip() and t.strip() in long]
@@ -232,7 +233,7 @@ def test_passage_cuts_are_every_bound_of_every_signal():
 
 
 def test_the_embedder_reads_a_body_piece_after_its_def_line(smollm2_tokenizer):
-    drafter = encode_with_offsets(smollm2_tokenizer, CODE)
+    drafter = encode_as_written_with_offsets(smollm2_tokenizer, CODE)
     passages = evidence_passages(drafter, len(drafter), [], max_tokens=12)
     plain = [drafter.text[slice(*drafter.char_span(p))] for p in passages]
     read = passage_texts(drafter, passages)
@@ -413,7 +414,9 @@ def test_projection_evidence_asks_for_passages_and_the_question_and_keeps_the_an
         {**CFG, "select_semantic_weight": 0.0, "select_projection_weight": 1.0}, env={}
     )
     out, req = _compress(smollm2_tokenizer, cfg, _decoy_and_projection(decoy))
-    drafter = encode_with_offsets(smollm2_tokenizer, smollm2_tokenizer.decode(list(req.ids)))
+    drafter = encode_as_written_with_offsets(
+        smollm2_tokenizer, smollm2_tokenizer.decode(list(req.ids))
+    )
     question = drafter.text[slice(*drafter.char_span(req.projection_question))]
     assert question.strip() == QUESTION
     assert req.semantic_texts == () and req.likelihood_passages == ()  # only what was asked
@@ -582,7 +585,7 @@ def _entity_signals(tokenizer, semantic_weight: float):
     raw cosines put the leases first (0.80) and the firm (0.70) just above the filler."""
     filler = [s.strip() + "." for s in _content(4000).split(". ")[:24] if len(s) > 20]
     lines = [*FIRM_LINES, *LEASE_LINES, *filler]
-    drafter = encode_with_offsets(tokenizer, "\n".join(lines) + "\n")
+    drafter = encode_as_written_with_offsets(tokenizer, "\n".join(lines) + "\n")
     passages = evidence_passages(drafter, len(drafter), [], max_tokens=24)
     texts = [drafter.text[slice(*drafter.char_span(p))] for p in passages]
 

@@ -1,14 +1,14 @@
-"""A chat of a thousand short messages is planned (issue 15 item 4).
+"""A chat of a thousand short messages is planned.
 
 How the planning time grows with the number of messages is a benchmark
-(`python -m pflash.bench.planning`, BENCHMARKS.md); here the same code path runs once at
+(`python -m pflash_lab.bench.planning`, BENCHMARKS.md); here the same code path runs once at
 1,000 messages with 64 system messages spread through them, and the plan must come out
 right: the latest user content is the question, every system message is pinned.
 """
 
 from __future__ import annotations
 
-from pflash.bench.planning import chat, plan_chat
+from pflash_lab.bench.planning import chat, plan_chat
 
 
 def test_a_thousand_messages_with_system_turns_are_planned_with_the_question_last(

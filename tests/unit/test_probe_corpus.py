@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pflash.train.probe import chat_prefix, token_labels
-from pflash.train.probe_corpus import (
+from pflash_lab.train.probe import chat_prefix, token_labels
+from pflash_lab.train.probe_corpus import (
     LICENSES,
     Piece,
     code_labels,

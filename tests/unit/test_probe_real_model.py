@@ -12,13 +12,13 @@ import pytest
 import torch
 from conftest import UNTUNED
 
-from pflash.bench.probe_eval import Env, compare_case, held_out_boundaries, retrieval_case
 from pflash.config import build_config
 from pflash.models.probe import (
     DATA_DIR,
     drafter_probe_identity,
     scorer_probe_identity,
 )
+from pflash_lab.bench.probe_eval import Env, compare_case, held_out_boundaries, retrieval_case
 
 pytestmark = pytest.mark.model
 

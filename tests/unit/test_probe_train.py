@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pflash.compress.segments import ProbeParams
-from pflash.train.probe import (
+from pflash_lab.train.probe import (
     BoundaryScore,
     Features,
     TrainOptions,

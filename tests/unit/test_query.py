@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from pflash.compress.chat import ChatInput, render_chat
+from pflash.compress.encoding import encode_as_written_with_offsets
 from pflash.compress.query import find_query_window, map_last_occurrence, plan_prompt
 from pflash.compress.rerender import locate_contents
 from pflash.config import build_config
 from pflash.errors import CompressionFailed, InvalidRequest
-from pflash.spans import MAX_INSTRUCTION_SPANS, Span, encode_with_offsets
+from pflash.spans import MAX_INSTRUCTION_SPANS, Span
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"
 CONFIG = build_config(env={})
@@ -756,7 +757,7 @@ def test_unanchored_takes_the_latest_occurrence_and_trims_a_merged_last_token():
 
 
 def test_map_last_occurrence_covers_the_needle(smollm2_tokenizer):
-    enc = encode_with_offsets(smollm2_tokenizer, "alpha beta gamma beta delta")
+    enc = encode_as_written_with_offsets(smollm2_tokenizer, "alpha beta gamma beta delta")
     span = map_last_occurrence(enc, "beta")
     assert (
         enc.text.__getitem__(slice(*enc.char_span(span))) == " beta"

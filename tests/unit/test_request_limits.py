@@ -1,4 +1,4 @@
-"""Bodies a public endpoint must refuse as 400s (issue 16): JSON the parser accepts but later
+"""Bodies a public endpoint must refuse as 400s: JSON the parser accepts but later
 stages choke on, numbers past what the sampler holds, and requests past the server's limits."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Served prompts are byte-identical to the ones recorded through the Serve app on main
 before the compression flow was restructured (tests/fixtures/served_prompts/). The default
-variant was re-recorded on purpose when semantic evidence became the default (issue 18) and
+variant was re-recorded on purpose when semantic evidence became the default and
 again when the tap projection joined it (`auto` evidence weights); the attention and legacy
 variants came out of those recordings byte for byte as before.
 

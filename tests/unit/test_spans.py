@@ -6,12 +6,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pflash.compress.encoding import encode_as_written_with_offsets
 from pflash.spans import (
     MAX_INSTRUCTION_SPANS,
     Span,
     canonicalize,
     decode_ids,
-    encode_with_offsets,
     intersect,
     map_span,
     subtract,
@@ -113,7 +113,7 @@ def test_token_span_decodes_to_a_superset_of_the_characters_ascii(
 ):
     b, e = _char_range(data, text)
     for tok in (smollm2_tokenizer, bpe_tokenizer):
-        enc = encode_with_offsets(tok, text)
+        enc = encode_as_written_with_offsets(tok, text)
         span = enc.token_span(b, e)
         assert text[b:e] in decode_ids(tok, enc.ids[span.begin : span.end])
 
@@ -122,7 +122,7 @@ def test_token_span_decodes_to_a_superset_of_the_characters_ascii(
 @given(text=UNICODE, data=st.data())
 def test_token_span_decodes_to_a_superset_of_the_characters_unicode(smollm2_tokenizer, text, data):
     b, e = _char_range(data, text)
-    enc = encode_with_offsets(smollm2_tokenizer, text)
+    enc = encode_as_written_with_offsets(smollm2_tokenizer, text)
     span = enc.token_span(b, e)
     assert text[b:e] in decode_ids(smollm2_tokenizer, enc.ids[span.begin : span.end])
 
@@ -132,8 +132,8 @@ def test_token_span_decodes_to_a_superset_of_the_characters_unicode(smollm2_toke
 def test_map_span_covers_the_source_characters_across_vocabularies(
     smollm2_tokenizer, bpe_tokenizer, text, data
 ):
-    src = encode_with_offsets(smollm2_tokenizer, text)
-    dst = encode_with_offsets(bpe_tokenizer, text)
+    src = encode_as_written_with_offsets(smollm2_tokenizer, text)
+    dst = encode_as_written_with_offsets(bpe_tokenizer, text)
     b = data.draw(st.integers(0, len(src) - 1))
     e = data.draw(st.integers(b + 1, len(src)))
     for a, z in ((src, dst), (dst, src)):
@@ -147,7 +147,7 @@ def test_map_span_covers_the_source_characters_across_vocabularies(
 @bridge_settings
 @given(text=ASCII, data=st.data())
 def test_map_span_onto_the_same_tokenization_is_the_identity(smollm2_tokenizer, text, data):
-    enc = encode_with_offsets(smollm2_tokenizer, text)
+    enc = encode_as_written_with_offsets(smollm2_tokenizer, text)
     b = data.draw(st.integers(0, len(enc) - 1))
     e = data.draw(st.integers(b + 1, len(enc)))
     assert map_span(Span(b, e), enc, enc) == Span(b, e)
@@ -157,6 +157,6 @@ def test_map_span_refuses_different_texts(smollm2_tokenizer):
     with pytest.raises(ValueError):
         map_span(
             Span(0, 1),
-            encode_with_offsets(smollm2_tokenizer, "a b"),
-            encode_with_offsets(smollm2_tokenizer, "a c"),
+            encode_as_written_with_offsets(smollm2_tokenizer, "a b"),
+            encode_as_written_with_offsets(smollm2_tokenizer, "a c"),
         )

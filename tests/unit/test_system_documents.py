@@ -1,6 +1,6 @@
-"""Documents inside system messages are compressed; the instructions around them are not
-(issue 18, item 3). Pure passage detection first, then the real drafter through the same
-flow the ingress runs (the served-prompt harness of test_served_prompts.py)."""
+"""Documents inside system messages are compressed; the instructions around them are not.
+Pure passage detection first, then the real drafter through the same flow the ingress runs
+(the served-prompt harness of test_served_prompts.py)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from pflash.models.projection import (
     write_projection_gguf,
 )
 from pflash.spans import Span
-from pflash.train.projection import (
+from pflash_lab.train.projection import (
     PassageLayout,
     TrainOptions,
     all_scores,

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pflash.bench.speculative import chat_ids, random_assistant
 from pflash.errors import ConfigError
 from pflash.models.target.hf import TransformersTarget, accept_drafts, vocabulary_mismatch
 from pflash.models.target.protocol import (
@@ -22,6 +21,7 @@ from pflash.models.target.protocol import (
     TokenDelta,
     collect_generation,
 )
+from pflash_lab.bench.speculative import chat_ids, random_assistant
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tenants: who a request belongs to, and what state it may reach (issue 16)."""
+"""Tenants: who a request belongs to, and what state it may reach."""
 
 from __future__ import annotations
 

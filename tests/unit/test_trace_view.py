@@ -128,8 +128,9 @@ def test_real_trace_renders_valid_html_containing_every_kept_segment(tmp_path, s
     from pflash.compress.rendered import RenderedPrompt
     from pflash.compressor import compress_in_process
     from pflash.config import build_config
-    from pflash.corpus.cases import CaseSpec, generate, token_counter
     from pflash.models.drafter.scorer import DrafterScorer
+    from pflash_lab.corpus.cases import CaseSpec, token_counter
+    from pflash_lab.corpus.families import generate
 
     config = build_config({"mode": "always", "keep_ratio": 0.2, "select_chunk_size": 64}, env={})
     case = generate(CaseSpec("single_needle", 21, 1024, 0.5), token_counter(smollm2_tokenizer))

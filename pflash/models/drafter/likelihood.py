@@ -1,5 +1,5 @@
 """Question-conditioned likelihood: how much each passage raises the drafter's likelihood of
-the question (issue 18; LongLLMLingua's coarse ranking, on our drafter and our passages).
+the question (LongLLMLingua's coarse ranking, on our drafter and our passages).
 
 Why: on evidence the question does not name (a paraphrased question, code described by what
 it does) layer-L attention keeps what it keeps for an unrelated question; the language model

@@ -15,7 +15,7 @@ from pflash.models.loading import LoadedModel
 log = logging.getLogger(__name__)
 
 # Generic profile head layer as a fraction of depth, measured on SmolLM2-135M (30 layers)
-# with `python -m pflash.bench.drafter_speed --sections layers --layer-prompts 18`: 2K-token
+# with `python -m pflash_lab.bench.drafter_speed --sections layers --layer-prompts 18`: 2K-token
 # needle prompts in real prose, needle chunk in the top 10% of 64-token chunks for
 # 18/18 prompts at layer 17, 17/18 at 18, 12/18 at 16, at most 8/18 at layers 0..15
 # (layer 13, "about 45%", 5/18). Layer 17 costs 17/30 of a full forward.

@@ -7,7 +7,7 @@ Reading order, top-down (1 in `profile.py`, 2-5 in `attention.py`, 6 here):
    legacy tail scorer over all layers, NoPE), `qwen35` (Qwen3.5-0.8B: blocks 0..14, then
    block 15's NoPE Q/K with the query half of the gated q_proj; legacy running max at the
    full-attention layers, post-RoPE), `generic` (any decoder with `self_attn.q_proj/k_proj`:
-   head at 57% of depth, layer 17 of SmolLM2's 30, measured by `pflash.bench.drafter_speed`).
+   head at 57% of depth, layer 17 of SmolLM2's 30, measured by `pflash_lab.bench.drafter_speed`).
 2. `run_trunk_chunk`: the model's own forward over one chunk of tokens with a KV cache,
    stopped by a pre-hook when it reaches layer L, so layers after the scoring layer are
    never computed and memory grows linearly with the prompt. With `drafter_attention:

@@ -1,4 +1,4 @@
-"""Windowed drafter attention (issue 15): the layers below the scoring layer attend to the
+"""Windowed drafter attention for long prompts: the layers below the scoring layer attend to the
 first `sink` tokens and the last `window` tokens only, so a prompt's drafter pass costs time
 linear in its length and a KV cache of bounded size.
 

@@ -1,1 +1,0 @@
-"""Quality and speed benchmarks (`python -m pflash.bench.<name>`)."""

@@ -1,0 +1,1 @@
+"""Quality and speed benchmarks (`python -m pflash_lab.bench.<name>`)."""
