@@ -24,10 +24,14 @@ spans than the selector allows.
 
 from __future__ import annotations
 
+import heapq
 import re
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 
 TRAILING_INSTRUCTION_CHARS = 300
 _TAG = re.compile(r"<([A-Za-z][\w.-]{0,40})(?:\s[^<>]{0,200})?>")
+_CLOSE_TAG = re.compile(r"</([A-Za-z][\w.-]{0,40})>")
 _FENCE = re.compile(r"^(```|~~~)[^\n]*\n", re.MULTILINE)
 _HEADING_WORDS = (
     "context",
@@ -54,10 +58,13 @@ _HEADING_WORDS = (
 )
 _HEADING = re.compile(
     r"^(?:#{1,6}\s*)?(?:" + "|".join(re.escape(w) for w in _HEADING_WORDS) + r")"
-    r"(?:\s+\d+|\s*\[\d+\])?\s*:?\s*$",
+    # `\s*:\s*$|\s*$`, not `\s*:?\s*$`: the same matches, but the two stars around an
+    # optional colon retried every split of a long run of spaces (quadratic)
+    r"(?:\s+\d+|\s*\[\d+\])?(?:\s*:\s*$|\s*$)",
     re.IGNORECASE | re.MULTILINE,
 )
 _HEADING_LINE = re.compile(r"^(?:#{1,6}\s+\S.*|[A-Z][\w /-]{0,40}:)\s*$", re.MULTILINE)
+_HEADING_LINE_START = re.compile(r"^[#A-Z]", re.MULTILINE)
 
 
 def passages(content: str, min_chars: int, max_pieces: int = 8) -> list[tuple[int, int]]:
@@ -68,10 +75,9 @@ def passages(content: str, min_chars: int, max_pieces: int = 8) -> list[tuple[in
         *_sections(content),
         *_long_paragraphs(content, 2 * min_chars),
     ]
-    kept = _merge([(b, e) for b, e in found if _trimmed_length(content, b, e) >= min_chars])
-    while kept and len(_complement(kept, len(content))) > max_pieces:
-        kept.remove(min(kept, key=lambda r: r[1] - r[0]))
-    return kept
+    trimmed = _trimmed_length(content)
+    kept = _merge([(b, e) for b, e in found if trimmed(b, e) >= min_chars])
+    return _at_most_pieces(kept, len(content), max_pieces)
 
 
 def instruction_ranges(content: str, min_chars: int, max_pieces: int = 8) -> list[tuple[int, int]]:
@@ -91,12 +97,24 @@ def _complement(ranges: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
 
 
 def _tagged(text: str) -> list[tuple[int, int]]:
-    """Insides of balanced `<tag …>…</tag>` blocks (outermost of each name)."""
+    """Insides of `<tag …>…</tag>` blocks: each opening tag to the first close of its name.
+
+    The close positions of every name are collected in one pass and each name's list is
+    walked once, so many opening tags without a close cost no search to the end each."""
+    closes: dict[str, list[int]] = {}
+    for c in _CLOSE_TAG.finditer(text):  # close tags cannot overlap: none holds a `<`
+        closes.setdefault(c.group(1), []).append(c.start())
+    passed: dict[str, int] = {}  # per name: how many of its closes lie before this tag
     out = []
     for m in _TAG.finditer(text):
-        close = text.find(f"</{m.group(1)}>", m.end())
-        if close > m.end():
-            out.append((m.end(), close))
+        name = m.group(1)
+        at = closes.get(name, [])
+        i = passed.get(name, 0)
+        while i < len(at) and at[i] < m.end():
+            i += 1
+        passed[name] = i
+        if i < len(at) and at[i] > m.end():
+            out.append((m.end(), at[i]))
     return out
 
 
@@ -114,20 +132,39 @@ def _fenced(text: str) -> list[tuple[int, int]]:
 
 
 def _sections(text: str) -> list[tuple[int, int]]:
-    """A document heading line, then everything to the next heading after a blank line."""
+    """A document heading line, then everything to the next heading after a blank line.
+
+    "The next heading" is the first `_HEADING_LINE` match in a scan from the section's
+    start that follows a blank line and is no document heading itself. Such a scan visits
+    a chain of matches (each starts its successor's search), so the heading lines are read
+    once and every match learns, from the last one back, where its chain first ends a
+    section: each section then costs one lookup instead of a scan to the end."""
+    headings = list(_HEADING.finditer(text))
+    if not headings:
+        return []
+    lines = [
+        h for s in _HEADING_LINE_START.finditer(text) if (h := _HEADING_LINE.match(text, s.start()))
+    ]
+    starts = [h.start() for h in lines]
+    # boundary[i]: where the chain of matches from lines[i] first ends a section
+    boundary = [len(text)] * (len(lines) + 1)
+    for i in range(len(lines) - 1, -1, -1):
+        at = starts[i]
+        if text[max(0, at - 2) : at] == "\n\n" and not _HEADING.match(text, at):
+            boundary[i] = at
+        else:
+            boundary[i] = boundary[bisect_left(starts, lines[i].end())]
+    last = text.rfind("\n\n")
+    short_close = last >= 0 and _trimmed_length(text)(last, len(text)) <= TRAILING_INSTRUCTION_CHARS
     out = []
-    for m in _HEADING.finditer(text):
+    for m in headings:
         begin = m.end()
-        end = len(text)
-        for h in _HEADING_LINE.finditer(text, begin):
-            if h.start() > begin and text[max(0, h.start() - 2) : h.start()] == "\n\n":
-                if not _HEADING.match(text, h.start()):
-                    end = h.start()
-                    break
-        if end == len(text):  # a short closing paragraph is the instructions' last word
-            last = text.rfind("\n\n", begin)
-            if last > begin and len(text[last:].strip()) <= TRAILING_INSTRUCTION_CHARS:
-                end = last
+        i = bisect_left(starts, begin)
+        if i < len(lines) and starts[i] == begin:  # a boundary must start after the heading
+            i = bisect_left(starts, lines[i].end())
+        end = boundary[i]
+        if end == len(text) and last > begin and short_close:
+            end = last  # a short closing paragraph is the instructions' last word
         out.append((begin, end))
     return out
 
@@ -143,8 +180,45 @@ def _long_paragraphs(text: str, min_chars: int) -> list[tuple[int, int]]:
     return out
 
 
-def _trimmed_length(text: str, begin: int, end: int) -> int:
-    return len(text[begin:end].strip())
+def _trimmed_length(text: str) -> Callable[[int, int], int]:
+    """`len(text[begin:end].strip())` without the copy: ranges may nest and overlap (every
+    unclosed `<a>` reaches the same close), so copying each would be quadratic."""
+    runs = [m.span() for m in re.finditer(r"\S+", text)]
+    run_starts = [b for b, _ in runs]
+    run_ends = [e for _, e in runs]
+
+    def length(begin: int, end: int) -> int:
+        first = bisect_right(run_ends, begin)  # the first run ending after `begin`
+        last = bisect_left(run_starts, end) - 1  # the last run starting before `end`
+        if begin >= end or first > last:
+            return 0
+        return min(end, run_ends[last]) - max(begin, run_starts[first])
+
+    return length
+
+
+def _at_most_pieces(kept: list[tuple[int, int]], n: int, max_pieces: int) -> list[tuple[int, int]]:
+    """Drop the shortest passage (the first of equals) until the instructions between the
+    rest form at most `max_pieces` pieces. `kept` is sorted and each passage is separated
+    from the next, so the pieces are the gaps between neighbours plus a leading and a
+    trailing one; a heap finds each shortest without a scan per removal."""
+    alive = [True] * len(kept)
+    heap = [(e - b, i) for i, (b, e) in enumerate(kept)]
+    heapq.heapify(heap)
+    count, first, last = len(kept), 0, len(kept) - 1
+
+    def pieces() -> int:
+        return count - 1 + (kept[first][0] > 0) + (kept[last][1] < n)
+
+    while count and pieces() > max_pieces:
+        _, i = heapq.heappop(heap)
+        alive[i] = False
+        count -= 1
+        while first < len(kept) and not alive[first]:
+            first += 1
+        while last >= 0 and not alive[last]:
+            last -= 1
+    return [r for r, keep in zip(kept, alive, strict=True) if keep]
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

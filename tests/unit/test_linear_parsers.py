@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pflash.api.tool_calls import ToolCallStream, split_tool_calls
+from pflash.compress import passages as passages_module
 from pflash.compress.entity_feedback import names, opens_sentence
 from pflash.compress.lexical import (
     MAX_QUOTES,
@@ -26,7 +27,9 @@ from pflash.compress.lexical import (
     split_units,
 )
 from pflash.compress.passage_evidence import HEADER_MAX_CHARS, ends_sentence, passage_texts
+from pflash.compress.passages import passages as system_passages
 from pflash.compress.query import last_occurrence
+from pflash.models.target.hf import StopScanner
 from pflash.spans import Span, TokenizedText
 
 N = 100_000
@@ -230,3 +233,201 @@ def test_sentence_openings_agree_with_the_old_pattern(prefix):
     text = prefix + "Name"
     at = len(prefix)
     assert opens_sentence(text, at) == bool(OLD_SENTENCE_START.search(text, 0, at))
+
+
+# ----------------------------------------------------------------------------- system documents
+# The detection as it was before it became linear: the reference for the property tests.
+
+OLD_HEADING = re.compile(
+    passages_module._HEADING.pattern.replace(r"(?:\s*:\s*$|\s*$)", r"\s*:?\s*$"),
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def old_tagged(text: str) -> list[tuple[int, int]]:
+    out = []
+    for m in passages_module._TAG.finditer(text):
+        close = text.find(f"</{m.group(1)}>", m.end())
+        if close > m.end():
+            out.append((m.end(), close))
+    return out
+
+
+def old_sections(text: str) -> list[tuple[int, int]]:
+    out = []
+    for m in OLD_HEADING.finditer(text):
+        begin = m.end()
+        end = len(text)
+        for h in passages_module._HEADING_LINE.finditer(text, begin):
+            if h.start() > begin and text[max(0, h.start() - 2) : h.start()] == "\n\n":
+                if not OLD_HEADING.match(text, h.start()):
+                    end = h.start()
+                    break
+        if end == len(text):
+            last = text.rfind("\n\n", begin)
+            if last > begin and len(text[last:].strip()) <= 300:
+                end = last
+        out.append((begin, end))
+    return out
+
+
+def old_passages(content: str, min_chars: int, max_pieces: int = 8) -> list[tuple[int, int]]:
+    found = [
+        *old_tagged(content),
+        *passages_module._fenced(content),
+        *old_sections(content),
+        *passages_module._long_paragraphs(content, 2 * min_chars),
+    ]
+    kept = passages_module._merge(
+        [(b, e) for b, e in found if len(content[b:e].strip()) >= min_chars]
+    )
+    while kept and len(passages_module._complement(kept, len(content))) > max_pieces:
+        kept.remove(min(kept, key=lambda r: r[1] - r[0]))
+    return kept
+
+
+def test_many_unclosed_tags_are_read_in_linear_time():
+    text = "<a>" * (N // 3)
+    assert seconds(system_passages, text, 200) < 1.0
+    assert system_passages(text, 200) == [(0, len(text))]  # one long paragraph: a document
+    closed = "<a>\n\n" * (N // 5) + "x" * 300 + "</a>"  # every opening tag reaches the close
+    assert seconds(system_passages, closed, 200) < 1.0
+    assert system_passages(closed, 200) == [(3, len(closed) - 4)]
+
+
+def test_many_document_headings_are_read_in_linear_time():
+    text = "context:\n" * (N // 9)
+    assert seconds(system_passages, text, 200) < 1.0
+    assert system_passages(text, 200) == [(0, len(text))]  # one paragraph: a document
+    spaced = "Context:\n\nA:\n" * (N // 13)  # a heading line after every blank line
+    assert seconds(system_passages, spaced, 200) < 1.0
+
+
+def test_a_heading_word_then_a_long_run_of_spaces_is_read_in_linear_time():
+    text = "context" + " " * N + "x"
+    assert seconds(system_passages, text, 200) < 1.0
+    assert list(passages_module._HEADING.finditer(text)) == []
+
+
+def test_many_short_documents_are_reduced_to_eight_pieces_in_linear_time():
+    text = "".join(f"Note {i}.\n<d>{'y' * 200}</d>\n" for i in range(N // 220))
+    assert seconds(system_passages, text, 200) < 1.0
+    assert len(passages_module._complement(system_passages(text, 200), len(text))) <= 8
+
+
+def test_long_blank_and_fenced_runs_are_read_in_linear_time():
+    for text in ("#" + "\n" * N, "\n" + " " * N + "x", "```\n" * (N // 4), "<a " * (N // 3)):
+        assert seconds(system_passages, text, 200) < 1.0
+
+
+SYSTEM_PIECES = st.sampled_from(
+    [
+        "<a>",
+        "</a>",
+        '<doc id="1">',
+        "</doc>",
+        "<a",
+        ">",
+        "Context:",
+        "context",
+        "Documents",
+        "## Sources",
+        "# ",
+        "#",
+        "Note:",
+        "A:",
+        "[1]",
+        " 2",
+        ":",
+        "```",
+        "~~~",
+        "\n",
+        "\n\n",
+        " ",
+        "\t",
+        "\u00a0",
+        "\x1c",
+        "word ",
+        "y" * 40,
+    ]
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(SYSTEM_PIECES, max_size=24), st.integers(0, 60), st.integers(0, 4))
+def test_system_passages_are_those_the_old_searches_found(pieces, min_chars, max_pieces):
+    text = "".join(pieces)
+    assert passages_module._tagged(text) == old_tagged(text)
+    assert passages_module._sections(text) == old_sections(text)
+    assert system_passages(text, min_chars, max_pieces) == old_passages(text, min_chars, max_pieces)
+
+
+@settings(max_examples=1500)
+@given(st.lists(st.sampled_from(["context", "#", " ", "\t", "\n", ":", "1", "[", "]", "x"])))
+def test_document_headings_are_those_the_old_pattern_found(pieces):
+    text = "".join(pieces)
+    new = [m.span() for m in passages_module._HEADING.finditer(text)]
+    assert new == [m.span() for m in OLD_HEADING.finditer(text)]
+
+
+@settings(max_examples=1000)
+@given(st.text(alphabet=" \t\n\u00a0\u2028\x1c\x85ab", max_size=20), st.data())
+def test_trimmed_lengths_are_those_of_strip(text, data):
+    begin = data.draw(st.integers(0, len(text)))
+    end = data.draw(st.integers(begin, len(text)))
+    assert passages_module._trimmed_length(text)(begin, end) == len(text[begin:end].strip())
+
+
+# ----------------------------------------------------------------------------- stop strings
+
+
+def old_released(stops: tuple[str, ...], pieces: list[str]) -> tuple[list[str], str, bool]:
+    """The decoder's stop-string release as it was: the whole text kept, each stop
+    searched for and each held-back prefix length tried after every piece."""
+    text, sent, out = "", 0, []
+    for piece in pieces:
+        text += piece
+        hits = [i for i in (text.find(s, sent) for s in stops) if i >= 0]
+        if hits:
+            out.append(text[sent : min(hits)])
+            return out, "", True
+        hold = 0
+        for s in stops:
+            for k in range(min(len(s) - 1, len(text) - sent), hold, -1):
+                if text.endswith(s[:k]):
+                    hold = k
+                    break
+        out.append(text[sent : len(text) - hold])
+        sent = len(text) - hold
+    return out, text[sent:], False
+
+
+def released(stops: tuple[str, ...], pieces: list[str]) -> tuple[list[str], str, bool]:
+    scanner = StopScanner(stops)
+    out = []
+    for piece in pieces:
+        out.append(scanner.feed(piece))
+        if scanner.stopped:
+            break
+    return out, scanner.rest(), scanner.stopped
+
+
+def test_a_long_answer_is_scanned_for_many_long_stop_strings_in_linear_time():
+    # the last stop holds back 255 characters after every token; each of the others
+    # shares none of that tail, so the old release tried all 254 prefix lengths of each
+    stops = (*(c + "a" * 254 for c in "bcdefghijklmnop"), "a" * 255 + "z")
+    pieces = ["a"] * N
+    assert seconds(released, stops, pieces) < 1.0
+    out, rest, stopped = released(stops, pieces)
+    assert not stopped and "".join(out) == "a" * (N - 255) and rest == "a" * 255
+    out, rest, stopped = released(stops, [*pieces, "z", "tail"])
+    assert stopped and "".join(out) == "a" * (N - 255) and rest == ""
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.lists(st.text(alphabet="abc", min_size=1, max_size=5), max_size=4),
+    st.lists(st.text(alphabet="abc", max_size=4), max_size=12),
+)
+def test_released_text_is_what_the_old_release_gave(stops, pieces):
+    assert released(tuple(stops), pieces) == old_released(tuple(stops), pieces)

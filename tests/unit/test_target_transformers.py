@@ -251,6 +251,14 @@ def test_streaming_decoder_releases_held_text_when_no_stop_follows(smollm2_token
     assert tail == "<EN"
 
 
+def test_streaming_decoder_cuts_at_the_stop_string_that_starts_first(smollm2_tokenizer):
+    # the shorter stop ends first, the longer one starts first: the cut is at the longer
+    stops = ("b</a>", "<a>b</a>", "zzz")
+    pieces, tail, stopped = decode_stream(smollm2_tokenizer, "alpha <a>b</a> gamma", stops)
+    assert stopped is True
+    assert "".join(pieces) + tail == "alpha "
+
+
 def test_top_p_near_zero_samples_the_argmax():
     logits = torch.tensor([0.1, 2.0, 1.9, -1.0])
     gen = torch.Generator().manual_seed(0)

@@ -48,6 +48,84 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------- detokenising
 
 
+class StopScanner:
+    """Streamed text in, text safe to emit out: everything before the first stop string,
+    holding back the longest tail that could still start one.
+
+    One Aho-Corasick automaton over all stop strings reads each new character once, so a
+    piece costs O(len(piece)) whatever the number and length of the stops, and only the
+    held tail (shorter than the longest stop) is kept. The state after a piece is the
+    longest suffix of the text that begins some stop string: exactly the tail to hold. Of
+    the stops found in a piece the one that starts first wins, as `str.find` per stop would
+    choose: a longer stop ending later may start earlier, so the scan goes on until no stop
+    ending further could start before the best so far.
+    """
+
+    def __init__(self, stop: Sequence[str] = ()):
+        self._always = "" in stop  # an empty stop string matches before any text
+        self._longest = max(map(len, stop), default=0)
+        # trie of the stop strings: per node its children, failure link, depth, and the
+        # length of the longest stop string that ends there (0: none)
+        self._next: list[dict[str, int]] = [{}]
+        self._depth = [0]
+        self._ends = [0]
+        for s in filter(None, stop):
+            node = 0
+            for c in s:
+                if c not in self._next[node]:
+                    self._next[node][c] = len(self._next)
+                    self._next.append({})
+                    self._depth.append(self._depth[node] + 1)
+                    self._ends.append(0)
+                node = self._next[node][c]
+            self._ends[node] = len(s)
+        self._fail = [0] * len(self._next)
+        queue = list(self._next[0].values())
+        for node in queue:  # breadth first: a failure link points to a shallower node
+            for c, child in self._next[node].items():
+                self._fail[child] = self._step(self._fail[node], c)
+                self._ends[child] = self._ends[child] or self._ends[self._fail[child]]
+                queue.append(child)
+        self._state = 0
+        self._held = ""
+        self.stopped = False
+
+    def _step(self, node: int, c: str) -> int:
+        while node and c not in self._next[node]:
+            node = self._fail[node]
+        return self._next[node].get(c, 0)
+
+    def feed(self, piece: str) -> str:
+        """Add `piece`; return what may now be emitted (after a stop string: the text before
+        it, and `stopped` turns true)."""
+        if self.stopped:
+            return ""
+        if self._always:
+            self.stopped = True
+            return ""
+        text, base = self._held + piece, len(self._held)
+        first = -1  # the earliest start of a stop string in `text`
+        for j, c in enumerate(piece):
+            if first >= 0 and base + j - first >= self._longest:
+                break
+            self._state = self._step(self._state, c)
+            if self._ends[self._state]:
+                begin = base + j + 1 - self._ends[self._state]
+                first = begin if first < 0 else min(first, begin)
+        if first >= 0:
+            self.stopped = True
+            self._held = ""
+            return text[:first]
+        cut = len(text) - self._depth[self._state]
+        self._held = text[cut:]
+        return text[:cut]
+
+    def rest(self) -> str:
+        """End of text: the held tail, which no stop string completed."""
+        out, self._held = self._held, ""
+        return "" if self.stopped else out
+
+
 class StreamingDecoder:
     """Token ids in, safe text out: complete UTF-8 only, stop strings cut, never emitted.
 
@@ -58,18 +136,20 @@ class StreamingDecoder:
     decode still render the first answer token right.
 
     Stop strings: text is emitted only up to the longest suffix that could still start a
-    stop string, so a stop string is cut cleanly even when it spans several tokens.
+    stop string, so a stop string is cut cleanly even when it spans several tokens
+    (`StopScanner`; the answer text itself is not kept).
     """
 
     def __init__(self, tokenizer: Any, stop: Sequence[str] = (), *, context: Sequence[int] = ()):
         self._tok = tokenizer
-        self._stop = tuple(stop)
+        self._stops = StopScanner(stop)
         self._ids: list[int] = list(context)[-5:]
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
-        self._text = ""  # decoded answer text so far
-        self._sent = 0  # characters of _text already emitted
-        self.stopped = False
+
+    @property
+    def stopped(self) -> bool:
+        return self._stops.stopped
 
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -81,11 +161,12 @@ class StreamingDecoder:
         self._ids.append(token_id)
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full = self._decode(self._ids[self._prefix_offset :])
+        piece = ""
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
-            self._text += full[len(prefix) :]
+            piece = full[len(prefix) :]
             self._prefix_offset = self._read_offset
             self._read_offset = len(self._ids)
-        return self._release()
+        return self._stops.feed(piece)
 
     def finish(self) -> str:
         """End of generation: return the rest, including text held back for stop strings."""
@@ -93,28 +174,8 @@ class StreamingDecoder:
             return ""
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full = self._decode(self._ids[self._prefix_offset :])
-        self._text += full[len(prefix) :]
         self._prefix_offset = self._read_offset = len(self._ids)
-        out = self._text[self._sent :]
-        self._sent = len(self._text)
-        return out
-
-    def _release(self) -> str:
-        text, start = self._text, self._sent
-        hits = [i for i in (text.find(s, start) for s in self._stop) if i >= 0]
-        if hits:
-            self.stopped = True
-            self._sent = len(text)
-            return text[start : min(hits)]
-        hold = 0
-        for s in self._stop:
-            for k in range(min(len(s) - 1, len(text) - start), hold, -1):
-                if text.endswith(s[:k]):
-                    hold = k
-                    break
-        end = len(text) - hold
-        self._sent = end
-        return text[start:end]
+        return self._stops.rest() + full[len(prefix) :]
 
 
 # ---------------------------------------------------------------------- transformers target
