@@ -6,7 +6,7 @@
   flat `model_dump()`, for the whole config and for parts alike.
 - `model.py`: `PFlashConfig` (the whole, with the checks that span keys), the parts the
   deployments receive, and loading from YAML and `PFLASH_*` environment.
-- `table.py`: the README table.
+- `table.py`: the configuration tables (docs/CONFIGURATION.md, README.md).
 """
 
 from pflash.config.components import (
@@ -48,7 +48,7 @@ from pflash.config.model import (
     field_info,
     load_config,
 )
-from pflash.config.table import config_table
+from pflash.config.table import KNOBS, config_table, knobs_table
 
 __all__ = [
     "EMBEDDED_HEAD_LAYER",
@@ -57,6 +57,7 @@ __all__ = [
     "EMBEDDED_SMOLLM2",
     "ENV_PREFIX",
     "FIELDS",
+    "KNOBS",
     "Component",
     "ComponentSet",
     "DrafterProfile",
@@ -86,5 +87,6 @@ __all__ = [
     "build_part",
     "config_table",
     "field_info",
+    "knobs_table",
     "load_config",
 ]

@@ -5,7 +5,8 @@ deployment can be given only the components it needs (`PFlashConfig.part`). Insi
 component a knob keeps its flat key (`SelectionConfig.select_mode`, not `.mode`): that one
 name is the YAML key, the `PFLASH_*` variable and the attribute everywhere, and a component
 answers the same reads as the whole config. Defaults, bounds and descriptions are defined
-here and only here; the descriptions are the README table.
+here and only here; the descriptions are the configuration tables (docs/CONFIGURATION.md,
+README.md).
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ class TargetModelPart(ComponentSet):
 COMPONENTS: dict[str, type[Component]] = {
     name: info.annotation for name, info in PFlashConfig.model_fields.items()
 }
-"""Component name -> its model, in the order of the README table."""
+"""Component name -> its model, in the order of docs/CONFIGURATION.md."""
 
 FIELDS: dict[str, str] = dict(PFlashConfig.component_of)
 """Every flat key (YAML key, `PFLASH_*` name, attribute) -> the component holding it."""

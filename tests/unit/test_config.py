@@ -13,6 +13,7 @@ import yaml
 from pflash.config import (
     COMPONENTS,
     FIELDS,
+    KNOBS,
     DrafterScorerPart,
     PFlashConfig,
     ScoringConfig,
@@ -21,6 +22,7 @@ from pflash.config import (
     build_config,
     build_part,
     config_table,
+    knobs_table,
     load_config,
 )
 from pflash.config.model import SECRETS
@@ -143,13 +145,33 @@ def test_config_table_documents_every_field_under_its_component():
         )
 
 
-def test_readme_config_table_matches_the_config():
-    readme = (ROOT / "README.md").read_text()
-    begin = readme.index("<!-- config-table:begin -->") + len("<!-- config-table:begin -->")
-    end = readme.index("<!-- config-table:end -->")
-    assert readme[begin:end].strip() == config_table().strip(), (
-        "README config table is stale: regenerate it from pflash.config.config_table()"
+def _generated(path: Path, marker: str) -> str:
+    """What lies between `<!-- marker:begin -->` and `<!-- marker:end -->` in `path`."""
+    text = path.read_text(encoding="utf-8")
+    begin = text.index(f"<!-- {marker}:begin -->") + len(f"<!-- {marker}:begin -->")
+    return text[begin : text.index(f"<!-- {marker}:end -->")].strip()
+
+
+def test_configuration_doc_table_matches_the_config():
+    assert _generated(ROOT / "docs" / "CONFIGURATION.md", "config-table") == (
+        config_table().strip()
+    ), "docs/CONFIGURATION.md is stale: run python scripts/render_config_table.py"
+
+
+def test_readme_knobs_table_matches_the_config():
+    assert _generated(ROOT / "README.md", "knobs-table") == knobs_table().strip(), (
+        "README's knobs table is stale: run python scripts/render_config_table.py"
     )
+
+
+def test_readme_knobs_are_real_keys_listed_once_and_few():
+    assert len(KNOBS) <= 30
+    assert len(set(KNOBS)) == len(KNOBS)
+    assert set(KNOBS) <= set(FIELDS)
+    rows = [row.split("`")[1] for row in knobs_table().splitlines() if row.startswith("| `")]
+    assert rows == list(KNOBS)
+    keep_ratio = next(row for row in knobs_table().splitlines() if row.startswith("| `keep_ratio`"))
+    assert keep_ratio.split(" | ")[1:3] == ["gate", "`0.1`"]
 
 
 @pytest.mark.parametrize("key", ["mode", "select_lexical", "select_position_prior"])
