@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from deployments.metrics import ServeMetrics
 from deployments.session_store import STORE_NAME
@@ -397,6 +398,7 @@ class Ingress:
                 limit=self.config.max_body_bytes,
                 timeout_s=self.config.body_read_timeout_s,
                 declared=request.headers.get("content-length"),
+                disconnect=(ClientDisconnect,),
             )
             if len(body) > PARSE_INLINE_BYTES:  # a large body is parsed off the event loop
                 exchange, req, config, params = await asyncio.to_thread(

@@ -38,13 +38,26 @@ def body_too_slow(seconds: float) -> PFlashError:
     return _client_error(408, message, "request_timeout")
 
 
+def client_disconnected() -> PFlashError:
+    """The client left before its body arrived: its own doing, so a 4xx (nobody reads it)
+    and never a 500 counted against the server."""
+    return _client_error(400, "the client disconnected before the body arrived", "client_closed")
+
+
 async def read_body(
-    parts: AsyncIterable[bytes], *, limit: int, timeout_s: float, declared: str | None = None
+    parts: AsyncIterable[bytes],
+    *,
+    limit: int,
+    timeout_s: float,
+    declared: str | None = None,
+    disconnect: tuple[type[BaseException], ...] = (),
 ) -> bytes:
     """The whole body of `parts` (an ASGI request stream), or a 413 once it passes `limit`
     bytes (at once when the declared Content-Length does), or a 408 when it has not all
     arrived within `timeout_s`: a client trickling bytes holds a slot for that long at most.
-    Parts are joined once at the end (linear in the body, not quadratic)."""
+    Parts are joined once at the end (linear in the body, not quadratic). `disconnect`: the
+    exceptions the stream raises when the client leaves (Starlette's `ClientDisconnect`),
+    answered as `client_disconnected`."""
     if declared and declared.isdigit():
         if len(declared) > MAX_CONTENT_LENGTH_DIGITS or int(declared) > limit:
             raise body_too_large(limit)
@@ -59,6 +72,8 @@ async def read_body(
                 chunks.append(part)
     except TimeoutError:
         raise body_too_slow(timeout_s) from None
+    except disconnect:
+        raise client_disconnected() from None
     return b"".join(chunks)
 
 

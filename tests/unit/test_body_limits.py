@@ -177,3 +177,15 @@ def test_a_token_id_prompt_is_counted_exactly_before_rendering():
         check_prompt_bound(req, "completion", None, 100)
     assert err.value.param == "prompt"
     check_prompt_bound(req, "completion", None, 101)
+
+
+def test_a_client_leaving_mid_body_is_a_4xx_not_a_server_error():
+    from starlette.requests import ClientDisconnect
+
+    async def leaves():
+        yield b'{"messages": '
+        raise ClientDisconnect()
+
+    with pytest.raises(PFlashError) as caught:
+        asyncio.run(read_body(leaves(), limit=1000, timeout_s=5, disconnect=(ClientDisconnect,)))
+    assert (caught.value.http_status, caught.value.code) == (400, "client_closed")
