@@ -282,3 +282,15 @@ def test_snapshot_store_keeps_the_longest_prefix_and_evicts_lru():
     store.store(torch.tensor([5, 6]), kv(2))  # evicts the least recently used, [1..5]
     assert store.lookup(torch.tensor([1, 2, 3]))[0] == 0
     assert store.lookup(torch.tensor([7, 8, 9]))[0] == 2
+
+
+def test_a_stop_string_completed_by_the_last_held_piece_is_cut(smollm2_tokenizer):
+    """Generation ends on a token that stops inside a character (" " and the first byte of
+    a three-byte one): that piece was held back, and with the held "A" it completes the stop
+    string "A ", which must be cut at finish like anywhere else."""
+    vocab = smollm2_tokenizer.get_vocab()
+    decoder = StreamingDecoder(smollm2_tokenizer, ("A ",))
+    pieces = [decoder.push(vocab["A"]), decoder.push(vocab["Ġâ"])]
+    assert pieces == ["", ""]  # "A" could start the stop; " \ufffd" is an unfinished char
+    assert decoder.finish() == ""
+    assert decoder.stopped is True

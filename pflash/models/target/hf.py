@@ -175,7 +175,10 @@ class StreamingDecoder:
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full = self._decode(self._ids[self._prefix_offset :])
         self._prefix_offset = self._read_offset = len(self._ids)
-        return self._stops.rest() + full[len(prefix) :]
+        # the last piece (held while it ended inside a character) is scanned like any other:
+        # with the scanner's held tail it may complete a stop string
+        text = self._stops.feed(full[len(prefix) :])
+        return text + self._stops.rest()
 
 
 # ---------------------------------------------------------------------- transformers target
