@@ -32,7 +32,7 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 PFlashMode = Literal["off", "auto", "always"]
 
 MAX_STOP_SEQUENCES = 16  # each is matched after every token; OpenAI allows 4
-MAX_STOP_CHARS = 256  # per stop string: the held-back tail is matched against its prefixes
+MAX_STOP_CHARS = 256  # per stop string: what a backend holds back while an answer streams
 # the explicit query and each required string are searched for in the whole prompt
 MAX_QUERY_CHARS = 8_192
 MAX_REQUIRED_STRINGS = 16

@@ -514,7 +514,7 @@ class ServerConfig(Component):
     )
     tool_call_parser: ToolCallParser = Field(
         "hermes",
-        description="How a chat answer's tool calls are read when the request declares tools: hermes (<tool_call>{json}</tool_call> blocks naming a declared function become tool_calls, as vLLM's hermes parser reads them) or none (the text is returned as is).",
+        description="How a chat answer's tool calls are read when the request declares tools: hermes (`<tool_call>{json}</tool_call>` blocks naming a declared function become tool_calls, as vLLM's hermes parser reads them) or none (the text is returned as is).",
     )
     max_body_bytes: int = Field(16 << 20, ge=1024, description="Largest accepted request body.")
     body_read_timeout_s: float = Field(
