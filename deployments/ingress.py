@@ -375,9 +375,7 @@ class Ingress:
             req = api.parse_completion_request(body)
         config = self.config
         req.check_allowed(config)
-        config = config.with_request_overrides(
-            mode=req.pflash_mode, keep_ratio=req.pflash_keep_ratio
-        )
+        config = config.with_request_overrides(req.overrides())
         params = cap_output(req.sampling_params(), config.max_output_tokens)
         check_prompt_bound(req, kind, self.token_bound, config.max_prompt_tokens)
         return exchange, req, config, params

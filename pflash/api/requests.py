@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from pflash.api.body import check_json_tree, load_json_body
-from pflash.config import PFlashConfig
+from pflash.config import PFlashConfig, RequestOverrides
 from pflash.errors import InvalidRequest, ModelNotFound
 from pflash.models.target.protocol import SamplingParams
 
@@ -310,6 +310,11 @@ class _GenerationRequest(BaseModel):
             stop=self.stop,
             seed=self.seed,
         )
+
+    def overrides(self) -> RequestOverrides:
+        """What this request changes in the server's config (`pflash_mode`,
+        `pflash_keep_ratio`)."""
+        return RequestOverrides(mode=self.pflash_mode, keep_ratio=self.pflash_keep_ratio)
 
     def check_allowed(self, config: PFlashConfig) -> None:
         """Rules that depend on the server's config; raise `InvalidRequest` when broken."""

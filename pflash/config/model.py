@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -193,18 +194,42 @@ class PFlashConfig(ComponentSet):
         return self.select_mode != "legacy"
 
     def with_request_overrides(
-        self, *, mode: str | None = None, keep_ratio: float | None = None
+        self, overrides: RequestOverrides | None = None, **fields: Any
     ) -> PFlashConfig:
-        """The config for one request: `pflash_mode` and `pflash_keep_ratio` may override."""
-        updates: dict[str, Any] = {}
-        if mode is not None:
-            updates["mode"] = mode
-        if keep_ratio is not None:
-            updates["keep_ratio"] = keep_ratio
-            updates["curve"] = ()
+        """The config for one request: `pflash_mode` and `pflash_keep_ratio` may override
+        (`RequestOverrides`, or its fields as keywords).
+
+        Only the gate component is validated again and replaced; every other component is
+        this config's own object. A request's keep ratio clears the `curve` (the curve would
+        otherwise choose the ratio by length)."""
+        overrides = overrides or RequestOverrides(**fields)
+        updates = overrides.gate_updates()
         if not updates:
             return self
-        return build_config({**self.model_dump(), **updates}, env={})
+        try:
+            gate = type(self.gate).model_validate({**self.gate.model_dump(), **updates})
+        except ValidationError as err:
+            raise _format_error(err, {**self.model_dump(), **updates}) from None
+        return self.model_copy(update={"gate": gate})
+
+
+@dataclass(frozen=True)
+class RequestOverrides:
+    """What one request may change in the server's config: its `pflash_mode` and
+    `pflash_keep_ratio` (None: the server's)."""
+
+    mode: str | None = None
+    keep_ratio: float | None = None
+
+    def gate_updates(self) -> dict[str, Any]:
+        """The gate fields these overrides set."""
+        updates: dict[str, Any] = {}
+        if self.mode is not None:
+            updates["mode"] = self.mode
+        if self.keep_ratio is not None:
+            updates["keep_ratio"] = self.keep_ratio
+            updates["curve"] = ()
+        return updates
 
 
 class DrafterScorerPart(ComponentSet):

@@ -16,6 +16,7 @@ from pflash.config import (
     KNOBS,
     DrafterScorerPart,
     PFlashConfig,
+    RequestOverrides,
     ScoringConfig,
     TargetModelPart,
     ViewsConfig,
@@ -122,6 +123,25 @@ def test_curve_parses_sorts_and_validates_points():
         build_config({"curve": "10000:1.5"}, env={})
     with pytest.raises(ConfigError):
         build_config({"curve": "10000-0.5"}, env={})
+
+
+def test_a_request_override_replaces_the_gate_only_and_equals_a_rebuilt_config():
+    """A per-request override validates and replaces the gate component alone: every other
+    component is the server config's own object, and the result equals the config rebuilt
+    from scratch with those values."""
+    base = build_config({"curve": "1000:0.5 2000:0.2", "select_mode": "budget_only"}, env={})
+    for overrides in (
+        RequestOverrides(mode="always"),
+        RequestOverrides(keep_ratio=0.3),
+        RequestOverrides(mode="off", keep_ratio=1.0),
+    ):
+        cfg = base.with_request_overrides(overrides)
+        rebuilt = build_config({**base.model_dump(), **overrides.gate_updates()}, env={})
+        assert cfg.model_dump() == rebuilt.model_dump()
+        assert all(
+            getattr(cfg, name) is getattr(base, name) for name in COMPONENTS if name != "gate"
+        )
+    assert base.with_request_overrides(RequestOverrides()) is base
 
 
 def test_request_overrides_replace_mode_and_keep_ratio_only():
