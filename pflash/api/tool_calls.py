@@ -19,16 +19,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-
-
-def declared_names(tools: Iterable[dict[str, Any]] | None) -> frozenset[str]:
-    """The function names a request declared (`tools[].function.name`)."""
-    return frozenset(t["function"]["name"] for t in tools or () if t.get("function"))
 
 
 def _call(payload: str, names: frozenset[str]) -> dict[str, Any] | None:

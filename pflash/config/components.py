@@ -196,13 +196,6 @@ class SelectionConfig(Component):
     select_paragraph_join: bool = Field(
         True, description="Insert paragraph breaks between non-adjacent kept runs."
     )
-    select_container_headers: bool = Field(
-        False,
-        description="Assembly experiment: re-insert container headers (paid inside the budget).",
-    )
-    select_container_header_max: int = Field(
-        48, ge=1, le=4096, description="Assembly experiment: longest container header in tokens."
-    )
     assembly_cut_marker: bool = Field(
         False,
         description='Assembly experiment: write "\\n[...]\\n" at cuts (paid inside the budget).',

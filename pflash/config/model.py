@@ -50,6 +50,13 @@ ENV_PREFIX = "PFLASH_"
 
 REMOVED_KEYS: dict[str, str] = {
     "view_trace_path": "view_trace_path was removed (nothing wrote it); use trace_path",
+    "select_container_headers": (
+        "select_container_headers was removed (the container-header experiment was never "
+        "built; only false was accepted): delete the key"
+    ),
+    "select_container_header_max": (
+        "select_container_header_max was removed (nothing read it): delete the key"
+    ),
 }
 """Keys that were once accepted -> what to do instead (an error, never silently ignored)."""
 
@@ -137,11 +144,6 @@ class PFlashConfig(ComponentSet):
             raise ValueError("select_topk: must be > 0 when select_mode is top_k")
         if self.select_mode == "top_k" and self.select_scorer == "split":
             raise ValueError("select_scorer: split does not support select_mode top_k")
-        if self.select_container_headers:
-            raise ValueError(
-                "select_container_headers: not available yet (the container-header assembly "
-                "experiment is not implemented); leave it false"
-            )
         if self.scoring_head_gguf and self.select_mode == "legacy":
             raise ValueError(
                 "scoring_head_gguf: a trained scoring head needs strict selection (select_mode not legacy)"

@@ -183,14 +183,16 @@ def test_cut_marker_drafter_cost_is_the_marker_encoding(bpe_tokenizer, smollm2_t
         assert cut_marker_drafter_tokens(tok) == expected >= 3
 
 
-def test_container_headers_experiment_is_refused_at_config_load():
-    """Not implemented: enabling it must fail at startup, not silently do nothing."""
+@pytest.mark.parametrize("key", ["select_container_headers", "select_container_header_max"])
+def test_the_removed_container_header_keys_fail_naming_what_to_do(key):
+    """Never built (only false was accepted) or read by nothing: a config that still sets
+    them fails at startup saying so, never silently ignored."""
     from pflash.config import build_config
     from pflash.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
-        build_config({"select_container_headers": True}, env={})
-    assert err.value.key == "select_container_headers"
+        build_config({key: False}, env={})
+    assert err.value.key == key and "removed" in str(err.value)
 
 
 # --------------------------------------------------------------------------- ceiling retry

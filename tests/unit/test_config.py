@@ -5,6 +5,7 @@ receive."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -233,8 +234,6 @@ LAYOUT = {
         "select_entity_feedback": True,
         "select_passage_cuts": True,
         "select_paragraph_join": True,
-        "select_container_headers": False,
-        "select_container_header_max": 48,
         "assembly_cut_marker": False,
         "chat_skeleton_tokens": 256,
         "system_documents": "compress",
@@ -349,8 +348,7 @@ def test_defaults_are_unchanged():
     assert build_config(env={}).model_dump(mode="json") == flat
 
 
-# key, YAML value, PFLASH_* value, the value both mean (never the default, but for the one
-# value select_container_headers allows)
+# key, YAML value, PFLASH_* value, the value both mean (never the default)
 SAMPLES = [
     ("mode", "always", "always", "always"),
     ("threshold", 100, "100", 100),
@@ -375,8 +373,6 @@ SAMPLES = [
     ("select_entity_feedback", False, "false", False),
     ("select_passage_cuts", False, "0", False),
     ("select_paragraph_join", False, "0", False),
-    ("select_container_headers", False, "false", False),
-    ("select_container_header_max", 64, "64", 64),
     ("assembly_cut_marker", True, "1", True),
     ("chat_skeleton_tokens", 128, "128", 128),
     ("system_documents", "keep", "keep", "keep"),
@@ -480,7 +476,7 @@ def test_flat_key_nested_key_and_env_name_mean_the_same(key, yaml_value, env_val
     from_env = build_config(needs, env={f"PFLASH_{key.upper()}": env_value})
     assert getattr(flat, key) == getattr(getattr(flat, component), key) == expected
     assert flat == nested == from_env
-    assert key == "select_container_headers" or expected != LAYOUT[component][key]
+    assert expected != LAYOUT[component][key]
 
 
 # the five defaults that changed when the library took the embedded app's tuning
@@ -883,3 +879,24 @@ def test_a_weight_that_is_neither_a_number_in_range_nor_auto_names_both():
         build_config({"select_semantic_weight": 1.5}, env={})
     assert err.value.key == "select_semantic_weight"
     assert "less than or equal to 1" in str(err.value) and "auto" in str(err.value)
+
+
+def test_every_config_field_is_read_by_product_code():
+    """A knob nothing reads is a promise the server does not keep: each flat key is read as an
+    attribute (`config.key`, `part.key`) or by name somewhere in pflash/ or deployments/
+    outside the config package itself."""
+    files = [
+        *(ROOT / "pflash").rglob("*.py"),
+        *(ROOT / "deployments").rglob("*.py"),
+    ]
+    code = "\n".join(
+        p.read_text(encoding="utf-8")
+        for p in files
+        if (ROOT / "pflash" / "config") not in p.parents
+    )
+    unread = [
+        key
+        for key in FIELDS
+        if not re.search(rf"\.{re.escape(key)}\b|[\"']{re.escape(key)}[\"']", code)
+    ]
+    assert unread == []

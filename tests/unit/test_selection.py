@@ -444,7 +444,6 @@ def test_top_k_mode_requires_topk_in_config():
 
 def test_assembly_experiments_are_off_by_default():
     config = build_config({}, env={})
-    assert not config.select_container_headers
     assert not config.assembly_cut_marker
 
 

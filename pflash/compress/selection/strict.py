@@ -326,7 +326,7 @@ def fit_assembly_overhead(
 ) -> AssemblyFit:
     """Pay the assembly experiments' extra tokens inside the drafter-token `budget`.
 
-    Both experiments are off by default (`select_container_headers`, `assembly_cut_marker`);
+    Both are off in the product (no container headers are passed; `assembly_cut_marker`);
     with them off (no containers, `marker_tokens` 0) the selection is returned unchanged.
     Otherwise a container header is added for every container holding a kept optional
     candidate, and `marker_tokens` per gap between kept runs; while the total exceeds the
