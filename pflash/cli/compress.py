@@ -32,7 +32,7 @@ EXIT_ERROR = 2
 
 
 @dataclass(frozen=True)
-class CompressRequest:
+class CompressFile:
     """What FILE asks to compress: `messages` for a chat, else the raw `prompt` text."""
 
     prompt: str | None = None
@@ -73,13 +73,13 @@ def run_compress(args) -> int:
     return 0
 
 
-def read_request(path: Path) -> CompressRequest:
+def read_request(path: Path) -> CompressFile:
     """Parse FILE: a JSON object with "messages" (or "prompt"), otherwise plain text."""
     raw = path.read_text(encoding="utf-8")
     try:
         data = json.loads(raw)
     except json.JSONDecodeError:
-        return CompressRequest(prompt=raw)
+        return CompressFile(prompt=raw)
     if not isinstance(data, dict) or not ("messages" in data or "prompt" in data):
         raise InvalidRequest(f'{path}: a JSON file must be an object with "messages" (or "prompt")')
     if "chat_template" in data:
@@ -96,7 +96,7 @@ def read_request(path: Path) -> CompressRequest:
     if kwargs is not None and not isinstance(kwargs, dict):
         raise InvalidRequest(f"{path}: chat_template_kwargs must be an object")
     if "messages" in data:
-        return CompressRequest(
+        return CompressFile(
             messages=data["messages"],
             tools=data.get("tools"),
             chat_template_kwargs=kwargs,
@@ -105,9 +105,7 @@ def read_request(path: Path) -> CompressRequest:
         )
     if not isinstance(data["prompt"], str):
         raise InvalidRequest(f'{path}: "prompt" must be a string')
-    return CompressRequest(
-        prompt=data["prompt"], pflash_query=query, pflash_required=tuple(required)
-    )
+    return CompressFile(prompt=data["prompt"], pflash_query=query, pflash_required=tuple(required))
 
 
 def compress_config(
@@ -142,7 +140,7 @@ def load_drafter(spec: str):
 
 
 def compress_request(
-    request: CompressRequest, config: PFlashConfig, *, target_tokenizer_spec: str | None = None
+    request: CompressFile, config: PFlashConfig, *, target_tokenizer_spec: str | None = None
 ) -> CompressReport:
     """Render, encode and compress one request with the real drafter under `config`: the
     same `Compressor` the server runs, in process, without views (a file is one turn)."""
@@ -182,7 +180,7 @@ def compress_request(
     return CompressReport(prompt=result.served_text, stats=stats)
 
 
-def render_request(target_tokenizer, request: CompressRequest):
+def render_request(target_tokenizer, request: CompressFile):
     """The prompt as the ingress renders it: a chat with the target's template (no special
     tokens added), a raw prompt with the tokenizer's own."""
     from pflash.compress.rendered import render_chat_prompt, render_completion_prompt
@@ -197,7 +195,7 @@ def render_request(target_tokenizer, request: CompressRequest):
     )
 
 
-def encode_request(target_tokenizer, request: CompressRequest) -> tuple[int, ...]:
+def encode_request(target_tokenizer, request: CompressFile) -> tuple[int, ...]:
     """Target tokens of the prompt as the ingress builds them (`render_request`)."""
     return render_request(target_tokenizer, request).ids
 

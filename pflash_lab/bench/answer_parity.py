@@ -56,7 +56,7 @@ def cases(seed: int = 5) -> list[tuple[str, str, str, str, str]]:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from pflash.cli.compress import CompressRequest, compress_request
+    from pflash.cli.compress import CompressFile, compress_request
     from pflash.config import build_config
     from pflash.models.loading import load_causal_lm
     from pflash.models.source import load_tokenizer
@@ -86,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, prompt, needle, number, question in all_cases:
         row = {"full": number in answers(prompt, True)}
         for variant, config in configs.items():
-            request = CompressRequest(
-                prompt=prompt, pflash_query=question, pflash_required=(needle,)
-            )
+            request = CompressFile(prompt=prompt, pflash_query=question, pflash_required=(needle,))
             served = compress_request(request, config).prompt
             row[variant] = number in answers(served, False)
         for k, ok in row.items():

@@ -149,14 +149,14 @@ def test_pflash_compress_serves_the_prompt_the_app_served(smollm2_tokenizer, mon
     """One set of product defaults: `pflash compress FILE --keep-ratio 0.1` with no config
     file serves, for the same chat, the prompt the app from serve_config.yaml served (both
     with the float32 embedder the goldens pin, set here as an operator would: by env)."""
-    from pflash.cli.compress import CompressRequest, compress_config, compress_request
+    from pflash.cli.compress import CompressFile, compress_config, compress_request
 
     monkeypatch.setenv(
         "PFLASH_SEMANTIC_EMBEDDER_DTYPE", VARIANTS["default"]["semantic_embedder_dtype"]
     )
     (case,) = [c for c in cases() if c["name"] == "chat_always"]
     config = compress_config(None, keep_ratio=0.1)
-    report = compress_request(CompressRequest(messages=case["body"]["messages"]), config)
+    report = compress_request(CompressFile(messages=case["body"]["messages"]), config)
     want = RECORDED["cases"]["chat_always"]
     assert report.prompt == want["prompt"]
     assert report.stats["compressed_tokens"] == want["stats"]["compressed_tokens"]
