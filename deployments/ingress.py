@@ -512,7 +512,7 @@ class Ingress:
         self.metrics.record("pflash_target_prefill_seconds", prefill_ms / 1000.0, compressed=tag)
         self.metrics.record("pflash_input_tokens", prompt_n)
         self.metrics.record("pflash_kept_tokens", len(compressed.served_ids))
-        self.metrics.record("pflash_keep_ratio", len(compressed.served_ids) / max(1, prompt_n))
+        self.metrics.record("pflash_keep_ratio", compressed.served_ratio)
 
     async def _generation(
         self, compressed: Compressed, params: SamplingParams, key: str, cut: int | None

@@ -70,7 +70,7 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         "pflash_keep_ratio",
         "histogram",
-        "Served target tokens / original target tokens.",
+        "Served target tokens / original target tokens (usage.timings.pflash.served_ratio).",
         (),
         RATIO,
     ),

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pflash.models.target.protocol import FinishReason, GenerationTimings
 from pflash.views.decision import ViewMode
@@ -38,8 +38,12 @@ class PFlashStats(BaseModel):
     `scorer_forward_ms` (the drafter's forward), `select_ms` (selection, assembly, the
     ceiling), and `compress_ms` from the end of planning to the served prompt (the drafter's
     queue and transfer are `compress_ms - scorer_forward_ms - select_ms`); `drafter_input_tokens` and
-    `kept_tokens` drafter tokens; `compressed_tokens` target tokens served; `keep_ratio`
-    the final effective ratio; `segments` candidate segments; `scorer_resume` the token
+    `kept_tokens` drafter tokens; `compressed_tokens` target tokens served; `served_ratio`
+    served / original target tokens on every path (1.0 when served as sent); `keep_ratio`
+    an alias of `served_ratio`, always equal to it (the field's name before the split);
+    `budget_ratio` the keep ratio the budget applied, r0 over droppable tokens (configured,
+    curve, adaptive or the request's `pflash_keep_ratio`, after the cap that fits an
+    over-long prompt into the context), null when the prompt was served as sent; `segments` candidate segments; `scorer_resume` the token
     position the drafter session resumed from; `lexical_units` / `lexical_kept` the text
     units sharing rare words with the question and how many of them were kept first
     (`select_lexical`); `likelihood_passages` / `likelihood_ms` the passages the drafter
@@ -58,7 +62,9 @@ class PFlashStats(BaseModel):
     drafter_input_tokens: int = 0
     kept_tokens: int = 0
     compressed_tokens: int = 0
+    served_ratio: float = 1.0
     keep_ratio: float = 1.0
+    budget_ratio: float | None = None
     query_rule: str = ""
     history_queries: int = 0
     segments: int = 0
@@ -76,6 +82,19 @@ class PFlashStats(BaseModel):
     projection_ms: float = 0.0
     view: ViewStats = Field(default_factory=ViewStats)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _keep_ratio_is_served_ratio(cls, data: Any) -> Any:
+        """`keep_ratio` is an alias: either name sets both; two different values are an
+        error, so the two fields can never disagree."""
+        if not isinstance(data, dict):
+            return data
+        served, keep = data.get("served_ratio"), data.get("keep_ratio")
+        if served is not None and keep is not None and served != keep:
+            raise ValueError(f"keep_ratio ({keep}) is an alias of served_ratio ({served})")
+        value = served if served is not None else keep
+        return data if value is None else {**data, "served_ratio": value, "keep_ratio": value}
+
     @field_validator("compress_ms")
     @classmethod
     def _tenth_of_ms(cls, v: float) -> float:
@@ -84,7 +103,7 @@ class PFlashStats(BaseModel):
     @classmethod
     def uncompressed(cls, prompt_tokens: int) -> PFlashStats:
         """Stats of a request served as is: all `prompt_tokens` served, ratio 1."""
-        return cls(compressed_tokens=prompt_tokens, keep_ratio=1.0)
+        return cls(compressed_tokens=prompt_tokens, served_ratio=1.0)
 
 
 class Timings(BaseModel):

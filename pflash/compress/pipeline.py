@@ -97,9 +97,16 @@ class Compressed:
       when `compressed` is False.
     - `kept_spans`: drafter spans kept; `candidate_lifts`: (span, lift) per candidate for
       recall (head scorer only; empty otherwise).
-    - `stats`: `usage.timings.pflash` fields (names as in the API contract).
+    - `stats`: `usage.timings.pflash` fields (names as in the API contract); the ratio
+      fields (`served_ratio`, its alias `keep_ratio`, `budget_ratio`) are written here, on
+      construction, from the fields below (`ratio_stats`): whichever path built the result,
+      they measure the same thing.
     - `lexical_spans`: kept units that share rare words with the question (lexical
       evidence); recall brings them back like high-lift candidates.
+    - `budget_ratio`: r0, the keep ratio over droppable tokens the budget was sized with
+      (configured, curve, adaptive or the request's `pflash_keep_ratio`, after the cap that
+      fits an over-long prompt into the context; before pins are added and before the
+      ceiling's retries); None when the original prompt is served.
     """
 
     compressed: bool
@@ -112,6 +119,28 @@ class Compressed:
     reason: str = ""
     original_tokens: int = 0  # target tokens of the prompt as the client sent it
     lexical_spans: tuple[Span, ...] = ()
+    budget_ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stats", {**self.stats, **ratio_stats(self)})
+
+    @property
+    def served_ratio(self) -> float:
+        """Served target tokens / original target tokens (1.0 for an empty prompt)."""
+        if self.original_tokens <= 0:
+            return 1.0
+        return len(self.served_ids) / self.original_tokens
+
+
+def ratio_stats(result: Compressed) -> dict[str, float | None]:
+    """The ratio fields of `usage.timings.pflash`, computed once for every path (fresh,
+    view, legacy, gate declined, mode off): `served_ratio` = served / original target
+    tokens, `keep_ratio` its alias (the field's name before the split, so a client reading
+    it gets one meaning everywhere), `budget_ratio` the r0 the budget applied (None when
+    the prompt was served as sent)."""
+    served = result.served_ratio
+    budget = result.budget_ratio if result.compressed else None
+    return {"served_ratio": served, "keep_ratio": served, "budget_ratio": budget}
 
 
 # ---------------------------------------------------------------------------- first half
@@ -334,9 +363,7 @@ def finish(
     chosen: _Attempt = fit.assembly
     spans = cands.spans() if signals and config.select_passage_cuts else seg.spans()  # §3.5
     lifts = tuple(candidate_lifts(scores.mass, spans)) if scores.mass is not None else ()
-    stats = _stats(
-        prepared, scores, chosen, fit.r_used, len(cands), budget.kept_tokens, select_started
-    )
+    stats = _stats(prepared, scores, chosen, len(cands), budget.kept_tokens, select_started)
     lexical_spans: tuple[Span, ...] = ()
     stats |= passages.evidence_stats(scores)
     if evidence is not None:
@@ -361,6 +388,7 @@ def finish(
         reason=prepared.reason,
         original_tokens=len(prepared.input.prompt_ids),
         lexical_spans=lexical_spans,
+        budget_ratio=budget.r0,
     )
 
 
@@ -430,7 +458,6 @@ def _stats(
     prepared: Prepared,
     scores: ScoreResult,
     chosen: _Attempt,
-    r: float,
     n_segments: int,
     kept: int,
     select_started: float,
@@ -445,7 +472,6 @@ def _stats(
         "drafter_input_tokens": plan.n_tokens,
         "kept_tokens": kept,
         "compressed_tokens": len(chosen.assembly.target_ids),
-        "keep_ratio": float(np.float32(r)),
         "query_rule": plan.query_rule,
         "history_queries": history,
         "segments": n_segments,
@@ -532,7 +558,6 @@ def _finish_legacy(
         "drafter_input_tokens": n,
         "kept_tokens": 0,
         "compressed_tokens": len(ids),
-        "keep_ratio": float(np.float32(r0)),
         "query_rule": plan.query_rule,
         "history_queries": 0,
         "segments": sel.n_chunks,
@@ -552,6 +577,7 @@ def _finish_legacy(
         plan,
         prepared.reason,
         len(prepared.input.prompt_ids),
+        budget_ratio=r0,
     )
 
 
@@ -589,7 +615,7 @@ def scorer_failure_action(stage: str, config: PFlashConfig) -> str:
 def passthrough(prompt_ids: tuple[int, ...], prompt_text: str) -> Compressed:
     """pflash_mode off: serve the prompt as sent, without planning it (`prompt_text` may be
     "" when nobody reads it)."""
-    stats = {"compressed_tokens": len(prompt_ids), "keep_ratio": 1.0, "stop_reason": "mode_off"}
+    stats = {"compressed_tokens": len(prompt_ids), "stop_reason": "mode_off"}
     return Compressed(
         False, tuple(prompt_ids), prompt_text, (), (), stats, None, "mode_off", len(prompt_ids)
     )
@@ -603,7 +629,6 @@ def uncompressed(prepared: Prepared) -> Compressed:
         "drafter_input_tokens": prepared.plan.n_tokens,
         "kept_tokens": prepared.budget.kept_tokens if prepared.budget else 0,
         "compressed_tokens": len(ids),
-        "keep_ratio": 1.0,
         "query_rule": prepared.plan.query_rule,
         "stop_reason": prepared.reason,
     }

@@ -35,8 +35,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-import numpy as np
-
 from pflash.compress import encoding
 from pflash.compress.assemble import joined_runs, recall_text
 from pflash.compress.chat import FAMILIES, ChatLayout, Turn, resolve_marker
@@ -623,8 +621,11 @@ def served_result(
     """The `Compressed` the ingress serves and reports for a "serve" decision.
 
     The fresh result's stats when the drafter ran (its selection is what was measured),
-    else the plan's with `compress_ms` 0 (§5.8 step 1: the drafter was skipped) and
-    `keep_ratio` served / original target tokens; `stats["view"]` holds `view_stats()`.
+    else the plan's with `compress_ms` 0 (§5.8 step 1: the drafter was skipped);
+    `stats["view"]` holds `view_stats()`. The ratio fields come from `Compressed` itself
+    (`pipeline.ratio_stats`, served / original target tokens); `budget_ratio` is the fresh
+    result's, else this request's r0 (a reused view was selected under the same options,
+    `View.selection`).
     """
     if decision.needs_compression:
         raise ValueError("a compress_first decision has nothing to serve")
@@ -636,7 +637,6 @@ def served_result(
             "compress_ms": 0.0,
             "drafter_input_tokens": prepared.plan.n_tokens,
             "kept_tokens": prepared.budget.kept_tokens if prepared.budget else 0,
-            "keep_ratio": float(np.float32(len(decision.served_ids) / max(1, len(raw)))),
             "query_rule": prepared.plan.query_rule,
             "stop_reason": "view",
         }
@@ -652,4 +652,11 @@ def served_result(
         plan=prepared.plan,
         reason=fresh.reason if fresh is not None else decision.reason,
         original_tokens=len(raw),
+        budget_ratio=_budget_ratio(prepared, fresh),
     )
+
+
+def _budget_ratio(prepared: Prepared, fresh: Compressed | None) -> float | None:
+    if fresh is not None:
+        return fresh.budget_ratio
+    return prepared.budget.r0 if prepared.budget is not None else None

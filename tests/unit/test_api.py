@@ -501,7 +501,9 @@ def test_usage_serialises_exactly_the_contract_keys():
         "drafter_input_tokens",
         "kept_tokens",
         "compressed_tokens",
+        "served_ratio",
         "keep_ratio",
+        "budget_ratio",
         "query_rule",
         "history_queries",
         "segments",
@@ -549,6 +551,18 @@ def test_usage_counts_original_prompt_and_generation_timings():
     assert usage["timings"]["pflash"]["view"]["mode"] == "continue"
 
 
+def test_keep_ratio_is_always_the_served_ratio():
+    """`keep_ratio` is an alias of `served_ratio`: either name sets both, and stats that
+    would give a client two different numbers are refused."""
+    by_new = PFlashStats(served_ratio=0.25).model_dump()
+    by_old = PFlashStats(keep_ratio=0.25).model_dump()
+    assert (by_new["served_ratio"], by_new["keep_ratio"]) == (0.25, 0.25)
+    assert by_old == by_new
+    assert PFlashStats(served_ratio=0.25, keep_ratio=0.25).keep_ratio == 0.25
+    with pytest.raises(ValidationError, match="alias of served_ratio"):
+        PFlashStats(served_ratio=0.25, keep_ratio=0.1)
+
+
 def test_uncompressed_request_reports_default_stats():
     usage = build_usage(50, GenerationTimings(50, 10.0, 3, 5.0, 0)).model_dump()
     assert usage["timings"]["pflash"] == {
@@ -558,7 +572,9 @@ def test_uncompressed_request_reports_default_stats():
         "drafter_input_tokens": 0,
         "kept_tokens": 0,
         "compressed_tokens": 50,
+        "served_ratio": 1.0,
         "keep_ratio": 1.0,
+        "budget_ratio": None,
         "query_rule": "",
         "history_queries": 0,
         "segments": 0,

@@ -113,7 +113,11 @@ def test_needle_question_and_generation_prompt_survive_compression(smollm2_token
     assert stats["compressed_tokens"] == len(out.served_ids)
     assert stats["query_rule"] == "prompt_end"
     # the ceiling: served tokens (minus the paragraph-join overhead) within floor(prompt * r)
-    assert len(out.served_ids) <= int(len(ids) * stats["keep_ratio"]) + 8
+    inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=8192)
+    budget = prepare(
+        inp, config=cfg, target_tokenizer=smollm2_tokenizer, drafter_tokenizer=smollm2_tokenizer
+    ).budget
+    assert len(out.served_ids) <= budget.ceiling + 8
     assert stats["stop_reason"] in ("budget_reached", "candidates_exhausted")
     assert smollm2_tokenizer.decode(list(out.served_ids)) == out.served_text
 
@@ -132,6 +136,30 @@ def test_mode_off_serves_the_original_prompt(smollm2_tokenizer):
     messages, ids = _chat(smollm2_tokenizer)
     out = _compress(smollm2_tokenizer, smollm2_tokenizer, cfg, messages, ids)
     assert not out.compressed and out.served_ids == ids and out.reason == "mode_off"
+    assert _ratios(out) == (1.0, 1.0, None)  # nothing was compressed: no budget applied
+
+
+def _ratios(out) -> tuple:
+    return tuple(out.stats[k] for k in ("served_ratio", "keep_ratio", "budget_ratio"))
+
+
+def test_fresh_stats_report_the_served_share_and_the_requested_keep_ratio(smollm2_tokenizer):
+    """served_ratio (and its alias keep_ratio) is served / original target tokens, not the
+    ratio over drafter tokens; budget_ratio is the request's keep ratio (0.2), not the
+    effective ratio the pinned question raises."""
+    cfg = build_config(CFG, env={}).with_request_overrides(keep_ratio=0.2)
+    messages, ids = _chat(smollm2_tokenizer)
+    out = _compress(smollm2_tokenizer, smollm2_tokenizer, cfg, messages, ids)
+    share = len(out.served_ids) / len(ids)
+    assert out.compressed and share < 0.5
+    assert _ratios(out) == (share, share, 0.2)
+
+
+def test_a_declined_gate_reports_the_whole_prompt_served_and_no_budget(smollm2_tokenizer):
+    cfg = build_config({**CFG, "mode": "auto", "threshold": 100_000}, env={})
+    messages, ids = _chat(smollm2_tokenizer)
+    out = _compress(smollm2_tokenizer, smollm2_tokenizer, cfg, messages, ids)
+    assert not out.compressed and _ratios(out) == (1.0, 1.0, None)
 
 
 def test_auto_mode_skips_prompts_with_too_little_droppable_text(smollm2_tokenizer):
@@ -246,6 +274,8 @@ def test_legacy_selector_keeps_the_question(smollm2_tokenizer):
     )
     assert out.compressed and QUESTION in out.served_text
     assert len(out.served_ids) < 0.5 * len(ids)
+    share = len(out.served_ids) / len(ids)
+    assert _ratios(out) == (share, share, 0.1)  # served share, not the legacy r0 again
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,7 @@ def _chat(extra=(), rules: str = RULES):
 @pytest.mark.model
 def test_a_system_prompt_document_is_compressed_and_its_instructions_served_verbatim(app):
     served = app.serve("chat", {"messages": _chat(), "pflash_mode": "always"})
-    assert served["stats"]["keep_ratio"] <= 0.25
+    assert served["stats"]["served_ratio"] <= 0.25
     assert RULES in served["prompt"] and CLOSING in served["prompt"]
     assert QUESTION in served["prompt"]
 
@@ -103,7 +103,7 @@ def test_system_documents_keep_pins_the_whole_system_prompt(app):
         served = app.serve("chat", {"messages": _chat(rules="Be exact."), "pflash_mode": "always"})
     finally:
         app.config = before
-    assert NEEDLE in served["prompt"] and served["stats"]["keep_ratio"] > 0.9
+    assert NEEDLE in served["prompt"] and served["stats"]["served_ratio"] > 0.9
 
 
 @pytest.mark.model

@@ -604,6 +604,38 @@ def test_served_result_carries_the_view_stats_in_the_api_shape(smollm2_tokenizer
     assert stats.view.reused_tokens + stats.view.delta_tokens == stats.view.served_tokens
 
 
+def _ratios(out) -> tuple:
+    return tuple(out.stats[k] for k in ("served_ratio", "keep_ratio", "budget_ratio"))
+
+
+@pytest.mark.parametrize(
+    ("follow_up", "mode"),
+    [
+        (lambda turn1: turn1, "repeat"),
+        (lambda turn1: _agent_step(turn1, "search(quokka)", "nothing new"), "continue"),
+    ],
+    ids=["repeat", "continue"],
+)
+def test_every_view_outcome_reports_the_served_share_and_the_requested_keep_ratio(
+    smollm2_tokenizer, follow_up, mode
+):
+    """served_ratio (and its alias keep_ratio) is served / original target tokens whether
+    the drafter ran (turn 1) or a view was served without it; budget_ratio is the keep ratio
+    the request asked for (0.2), not the effective ratio with the pins."""
+    conv = Conversation(smollm2_tokenizer)
+    prepared, _, _, fresh, d1 = conv.turn(TURN1)
+    first = served_result(d1, prepared, fresh)
+    share = len(first.served_ids) / len(prepared.input.prompt_ids)
+    assert d1.mode == "fresh" and share < 0.5
+    assert _ratios(first) == (share, share, 0.2)
+    prepared, _, _, fresh, d = conv.turn(follow_up(TURN1))
+    out = served_result(d, prepared, fresh)
+    assert (d.mode, fresh) == (mode, None)
+    share = len(out.served_ids) / len(prepared.input.prompt_ids)
+    assert _ratios(out) == (share, share, 0.2)
+    assert PFlashStats(**out.stats).served_ratio == share
+
+
 # --------------------------------------------------------------------------- helpers
 
 
