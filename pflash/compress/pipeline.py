@@ -10,6 +10,10 @@ which `pflash/compressor.py` (the one flow every caller uses) awaits between the
 Everything fails closed: a plan, scorer, selection or ceiling failure raises
 `CompressionFailed` naming the stage; nothing here silently serves the original prompt.
 Serving uncompressed is an explicit outcome (`Prepared.compress` False with a reason).
+
+Its ~650 lines are the two halves and the records they hand each other (`Prepared`,
+`Compressed` and the stats every path reports through `Compressed`): split apart, each half
+would import the other's half-built records.
 """
 
 from __future__ import annotations
@@ -22,8 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pflash.compress import encoding
-from pflash.compress import passage_evidence as passages
+from pflash.compress import encoding, passage_evidence
 from pflash.compress.assemble import Assembly, assemble, fit_ceiling
 from pflash.compress.budget import BudgetPlan, configured_keep_ratio, plan_budget_for
 from pflash.compress.lexical import LexicalEvidence, LexicalParams, find_lexical_evidence
@@ -211,7 +214,7 @@ def _prepare(
         scorer=config.select_scorer,
         session_key=inp.session_key,
         want_tap=config.segment_probe_gguf is not None and config.select_segments != "fixed",
-        **passages.evidence_request(plan, budget.pinned, config, suffix=suffix),
+        **passage_evidence.evidence_request(plan, budget.pinned, config, suffix=suffix),
     )
     return Prepared(inp, prompt_text, plan, budget, True, budget.reason, request)
 
@@ -293,9 +296,11 @@ def finish(
     token_scores = _head_scores(scores, config, n)
     if config.select_position_prior == "distance" and config.select_scorer != "legacy":
         token_scores = lift_over_prior(token_scores, plan.query.begin)
-    signals = passages.passage_signals(prepared.score_request, scores, config, plan.drafter)
+    signals = passage_evidence.passage_signals(prepared.score_request, scores, config, plan.drafter)
     if signals:
-        token_scores = passages.mix_evidence(token_scores, signals, context_end=plan.query.begin)
+        token_scores = passage_evidence.mix_evidence(
+            token_scores, signals, context_end=plan.query.begin
+        )
     suffix = prepared.score_request.suffix_candidates
     seg = segment(
         n,
@@ -328,7 +333,7 @@ def finish(
         cands = split_candidates(cands, evidence.cut_points(), token_scores, kind=kind)
     if signals and config.select_passage_cuts:  # a passage's tokens share its score: by density
         kind = "density"
-        cands = passages.cut_at_passages(cands, signals, token_scores)
+        cands = passage_evidence.cut_at_passages(cands, signals, token_scores)
     other = _legacy_candidate_scores(scores, cands) if config.select_scorer == "split" else None
 
     def attempt(r: float) -> _Attempt:
@@ -365,7 +370,7 @@ def finish(
     lifts = tuple(candidate_lifts(scores.mass, spans)) if scores.mass is not None else ()
     stats = _stats(prepared, scores, chosen, len(cands), budget.kept_tokens, select_started)
     lexical_spans: tuple[Span, ...] = ()
-    stats |= passages.evidence_stats(scores)
+    stats |= passage_evidence.evidence_stats(scores)
     if evidence is not None:
         stats["lexical_units"] = len(evidence.units)
         stats["lexical_kept"] = chosen.lexical_kept
