@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from pflash_lab.bench import agent as agent_bench
 from pflash_lab.bench import agent_trace as at
 
 
@@ -125,3 +126,49 @@ def test_a_request_is_the_earlier_request_plus_what_the_step_adds(traces):
         assert now[: len(before)] == before
         assert now[len(before) :] == [*trace.steps[i - 1].after, *trace.steps[i].messages]
     assert trace.request(0, "Session 1")[0]["content"].startswith("Session 1\n")
+
+
+def _row(step, kind, on, full, cls=None, kept=None):
+    row = {
+        "length": 6000,
+        "step": step,
+        "kind": kind,
+        "tool": "grep" if kind == "tool" else None,
+        "fact": "config" if cls else None,
+        "question_class": cls,
+        "prompt_tokens": 1000,
+        "added_tokens": 500,
+        "served_tokens": 100,
+        "ttft_pflash_ms": on,
+        "ttft_full_ms": full,
+        "ratio": full / on,
+        "compress_ms": 10.0,
+        "queue_ms": 1.0,
+        "view": "continue",
+        "reused_tokens": 90,
+        "delta_tokens": 10,
+        "recalled_tokens": 0,
+        "evidence_held": {"config": True, "log": kept is not False},
+        **{k: 1.0 for k in agent_bench.STAGES},
+    }
+    if kind == "question":
+        row["evidence_kept"] = kept
+    return row
+
+
+def test_summary_sums_ttft_per_class_and_counts_evidence_by_class():
+    rows = [
+        _row(0, "tool", 1000, 3000),
+        _row(1, "tool", 1000, 1000),
+        _row(2, "question", 2000, 500, "literal", True),
+        _row(3, "question", 1000, 500, "paraphrase", False),
+    ]
+    line = agent_bench.summary(rows).splitlines()[2]
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    assert cells[:5] == ["6,000", "4", "5.0 s", "5.0 s", "**1.00×**"]
+    assert cells[5] == "0.33× (3.0 s vs 1.0 s; median 0.38×)"
+    assert cells[6] == "2.00× (2.0 s vs 4.0 s; median 2.00×)"
+    assert cells[7] == "0.25× (step 2, question)"
+    assert cells[8:] == ["1/1", "0/1", "7/8"]
+    table = agent_bench.step_table(rows)
+    assert "Q config paraphrase" in table and "**lost**" in table
