@@ -79,7 +79,7 @@ def build_config(work: Path, port: int, keep: float, threshold: int, target: str
 
 def to_messages_api(chat: list[dict]) -> tuple[str, list[dict]]:
     """Chat messages as Anthropic's (system, messages): tool calls as `tool_use` blocks,
-    tool outputs as `tool_result` blocks; consecutive turns of one role merged."""
+    tool outputs as `tool_result` blocks (with a question after one, in one user turn)."""
     system, out = "", []
     for m in chat:
         if m["role"] == "system":
@@ -103,7 +103,9 @@ def to_messages_api(chat: list[dict]) -> tuple[str, list[dict]]:
             ]
         else:
             role, blocks = m["role"], [{"type": "text", "text": m["content"]}]
-        if out and out[-1]["role"] == role:
+        # a tool output and the question after it are one user turn, as Anthropic's
+        # clients send them; an assistant reply stays its own turn, as in the chat trace
+        if out and out[-1]["role"] == role == "user":
             out[-1]["content"] += blocks
         else:
             out.append({"role": role, "content": blocks})

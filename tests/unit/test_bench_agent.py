@@ -172,3 +172,50 @@ def test_summary_sums_ttft_per_class_and_counts_evidence_by_class():
     assert cells[8:] == ["1/1", "0/1", "7/8"]
     table = agent_bench.step_table(rows)
     assert "Q config paraphrase" in table and "**lost**" in table
+
+
+def test_messages_and_responses_bodies_carry_the_chat_conversation(traces):
+    """What the server's edges make of the bench's bodies: the chat trace itself through
+    /v1/messages; through /v1/responses the same turns, except that the server folds an
+    assistant reply and the tool call after it into one assistant message."""
+    from pflash.api.messages import EDGE as MESSAGES
+    from pflash.api.requests import ChatCompletionRequest
+    from pflash.api.responses_api import EDGE as RESPONSES
+
+    trace = traces[6000]
+    chat_msgs = trace.request(len(trace.steps) - 1, "Session A")
+    chat = ChatCompletionRequest.model_validate(
+        {"model": "pflash", "messages": chat_msgs, "tools": list(trace.tools), "max_tokens": 16}
+    )
+    system, messages = agent_bench.to_messages_api(chat_msgs)
+    via_messages = MESSAGES.parse(
+        {
+            "model": "pflash",
+            "system": system,
+            "messages": messages,
+            "tools": agent_bench.messages_tools(trace.tools),
+            "max_tokens": 16,
+        }
+    ).chat
+    instructions, items = agent_bench.to_responses_api(chat_msgs)
+    via_responses = RESPONSES.parse(
+        {
+            "model": "pflash",
+            "instructions": instructions,
+            "input": items,
+            "tools": agent_bench.responses_tools(trace.tools),
+            "max_output_tokens": 16,
+        }
+    ).chat
+
+    def dump(req):
+        return [m.model_dump(exclude_none=True) for m in req.messages]
+
+    assert dump(via_messages) == dump(chat)
+    tools = [t.model_dump(exclude_none=True) for t in chat.tools]
+    assert [t.model_dump(exclude_none=True) for t in via_messages.tools] == tools
+    assert [t.model_dump(exclude_none=True) for t in via_responses.tools] == tools
+    contents = [m["content"] for m in dump(chat) if m.get("content")]
+    assert [m["content"] for m in dump(via_responses) if m.get("content")] == contents
+    calls = [c for m in dump(chat) for c in m.get("tool_calls", ())]
+    assert [c for m in dump(via_responses) for c in m.get("tool_calls", ())] == calls
