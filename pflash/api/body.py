@@ -11,6 +11,7 @@ a 400 here, naming where it is, before any field is validated.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pflash.errors import InvalidRequest
@@ -98,3 +99,15 @@ def _path(path: tuple[Any, ...]) -> str:
             name = part if isinstance(part, str) and part.isascii() else "?"
             out += f".{name[:40]}" if out else name[:40]
     return out
+
+
+def json_object(body: bytes | str | Mapping[str, Any]) -> dict[str, Any]:
+    """A request body as the JSON object every endpoint takes: raw bytes or text parsed with
+    the limits above, a mapping checked the same way; a 400 when it is not an object."""
+    if isinstance(body, bytes | str):
+        body = load_json_body(body)
+    else:
+        check_json_tree(body)
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("request body must be a JSON object", code="invalid_type")
+    return dict(body)

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from pflash.api.body import check_json_tree, load_json_body
+from pflash.api.body import json_object
 from pflash.api.envelope import SSE_DONE, sse_event
 from pflash.api.requests import ChatCompletionRequest, parse_chat_request
 from pflash.api.responses import ChatCompletionChunk, ChatCompletionResponse
@@ -149,14 +149,9 @@ def parse_edge_body(
 ) -> Model:
     """An edge API's request body validated as `model`, with the JSON limits every endpoint
     has (`api.body`); `InvalidRequest` naming the bad field otherwise."""
-    if isinstance(body, bytes | str):
-        body = load_json_body(body)
-    else:
-        check_json_tree(body)
-    if not isinstance(body, Mapping):
-        raise InvalidRequest("request body must be a JSON object", code="invalid_type")
+    data = json_object(body)
     try:
-        return model.model_validate(dict(body))
+        return model.model_validate(data)
     except ValidationError as err:
         raise invalid_request(err, names) from None
 

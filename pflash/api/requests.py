@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from pflash.api.body import check_json_tree, load_json_body
+from pflash.api.body import json_object
 from pflash.config import PFlashConfig, RequestOverrides
 from pflash.errors import InvalidRequest, ModelNotFound
 from pflash.models.target.protocol import SamplingParams
@@ -473,14 +473,9 @@ def invalid_request_from(err: ValidationError) -> InvalidRequest:
 
 
 def _parse(model: type[_GenerationRequest], body: bytes | str | Mapping[str, Any]) -> Any:
-    if isinstance(body, bytes | str):
-        body = load_json_body(body)
-    else:
-        check_json_tree(body)
-    if not isinstance(body, Mapping):
-        raise InvalidRequest("request body must be a JSON object", code="invalid_type")
+    data = json_object(body)
     try:
-        return model.model_validate(dict(body))
+        return model.model_validate(data)
     except ValidationError as err:
         raise invalid_request_from(err) from None
 
