@@ -392,7 +392,9 @@ class Compressor:
         decision = await self.offload(decide, None)
         fresh = None
         if decision.needs_compression:
-            fresh = await self._fresh(prepared, request)
+            # new material the view appends is also selected on its own (§6.1 step 9)
+            part = replace(prepared, part_begin=decision.part_begin)
+            fresh = await self._fresh(part, request)
             decision = await self.offload(decide, fresh)
         if decision.view is not None:
             await self._store_call(

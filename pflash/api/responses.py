@@ -49,7 +49,9 @@ class PFlashStats(BaseModel):
     (`select_lexical`); `likelihood_passages` / `likelihood_ms` the passages the drafter
     scored by question likelihood and that pass's time, part of `scorer_forward_ms`
     (`select_likelihood_weight`); `semantic_passages` / `semantic_ms` the same for the
-    sentence embedder (`select_semantic_weight`); `projection_passages` / `projection_ms` the
+    sentence embedder (`select_semantic_weight`), `semantic_reused` how many of its texts
+    (passages and question parts) came from the conversation's earlier turns instead of
+    being embedded again; `projection_passages` / `projection_ms` the
     same for the tap projection (`select_projection_weight`). Unknown keys are an error, so the pipeline's
     stats and this contract cannot drift apart silently.
     """
@@ -78,6 +80,7 @@ class PFlashStats(BaseModel):
     likelihood_ms: float = 0.0
     semantic_passages: int = 0
     semantic_ms: float = 0.0
+    semantic_reused: int = 0
     projection_passages: int = 0
     projection_ms: float = 0.0
     view: ViewStats = Field(default_factory=ViewStats)

@@ -499,6 +499,7 @@ def evidence_stats(scores: ScoreResult) -> dict[str, Any]:
         "likelihood_ms",
         "semantic_passages",
         "semantic_ms",
+        "semantic_reused",
         "projection_passages",
         "projection_ms",
     )

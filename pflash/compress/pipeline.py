@@ -90,6 +90,9 @@ class Prepared:
     score_request: ScoreRequest | None
     started: float = field(default_factory=time.perf_counter)
     plan_ms: float = 0.0  # time in prepare(): planning, pinned spans, mapping, budget
+    # drafter tokens: > 0 when a view will append the part from here on; finish() then also
+    # selects that part on its own (`Compressed.part_spans`, ALGORITHM.md §6.1 step 9)
+    part_begin: int = 0
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,9 @@ class Compressed:
       (configured, curve, adaptive or the request's `pflash_keep_ratio`, after the cap that
       fits an over-long prompt into the context; before pins are added and before the
       ceiling's retries); None when the original prompt is served.
+    - `part_spans`: with `Prepared.part_begin` > 0, the drafter spans kept when the part
+      from there on is selected on its own at r0 (what a view appends, §6.1 step 9), and
+      `part_begin` that drafter token; empty and 0 otherwise.
     """
 
     compressed: bool
@@ -123,6 +129,8 @@ class Compressed:
     original_tokens: int = 0  # target tokens of the prompt as the client sent it
     lexical_spans: tuple[Span, ...] = ()
     budget_ratio: float | None = None
+    part_spans: tuple[Span, ...] = ()
+    part_begin: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stats", {**self.stats, **ratio_stats(self)})
@@ -382,6 +390,18 @@ def finish(
         )
     if trace is not None:
         trace.write(_selection_trace(prepared, config, seg, other, chosen, fit.r_used, kind))
+    part_spans: tuple[Span, ...] = ()
+    if prepared.part_begin > 0:
+        part_spans = _select_part(
+            cands,
+            other,
+            evidence,
+            prepared.part_begin,
+            budget.r0,
+            config,
+            named_only=bool(signals),
+            skip_oversized=seg.kind == "probe",
+        )
     return Compressed(
         compressed=True,
         served_ids=tuple(chosen.assembly.target_ids),
@@ -394,7 +414,55 @@ def finish(
         original_tokens=len(prepared.input.prompt_ids),
         lexical_spans=lexical_spans,
         budget_ratio=budget.r0,
+        part_spans=part_spans,
+        part_begin=prepared.part_begin if part_spans else 0,
     )
+
+
+def _select_part(
+    cands: Candidates,
+    other: np.ndarray | None,
+    evidence: LexicalEvidence | None,
+    begin: int,
+    r0: float,
+    config: PFlashConfig,
+    *,
+    named_only: bool,
+    skip_oversized: bool,
+) -> tuple[Span, ...]:
+    """The part of the prompt from drafter token `begin` on, selected on its own: its
+    candidates (one straddling `begin` cut there), the same scores and lexical promotion,
+    and a budget of its mandatory tokens plus r0 of the rest.
+
+    Why: a view appends this part (a tool output, a paste) to what it already serves. Taking
+    the part's share of a whole-prompt selection left a 900-token tool output 13 tokens (the
+    whole budget went to earlier text the view already holds, or had dropped), so an agent's
+    view lost each new output; selected on its own, each part is kept at the keep ratio,
+    and the view grows by r0 of what the conversation adds.
+    """
+    keep = cands.end > begin
+    part = cands.replace(
+        begin=np.maximum(cands.begin[keep], begin),
+        end=cands.end[keep],
+        score=cands.score[keep],
+        mandatory=cands.mandatory[keep],
+        ordinal=cands.ordinal[keep],
+    )
+    if not len(part):
+        return ()
+    mandatory = int(part.lengths[part.mandatory].sum())
+    budget = mandatory + math.floor(r0 * (int(part.lengths.sum()) - mandatory))
+    if budget <= 0:
+        return ()
+    pool, _ = _promote(part, evidence, budget, config.lexical_max_share, named_only)
+    sel = _select(
+        pool, None if other is None else other[keep], budget, config, skip_oversized=skip_oversized
+    )
+    if not sel.ok:
+        raise CompressionFailed(
+            "selection", f"new part: {sel.stop_reason}: {sel.error or 'no selection'}"
+        )
+    return kept_spans(pool, sel.ordinals)
 
 
 def _head_scores(scores: ScoreResult, config: PFlashConfig, n: int) -> np.ndarray:

@@ -319,9 +319,12 @@ class ViewsConfig(Component):
         2.0, gt=0, description="Recall a segment when its attention lift is at least this."
     )
     chat_compress_new_tokens: int = Field(
-        16384,
+        512,
         ge=1,
-        description="Compress a turn's new material when it has at least this many target tokens.",
+        description=(
+            "Compress a turn's new material (a tool output, a paste) into the view when it has"
+            " at least this many target tokens; smaller additions are appended verbatim."
+        ),
     )
     view_capacity: int = Field(1024, ge=1, description="Views kept by the session store (LRU).")
     view_ttl_s: float = Field(3600.0, gt=0, description="Seconds a view lives without use.")

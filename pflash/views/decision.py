@@ -142,6 +142,9 @@ class ViewDecision:
     - counts (target tokens, `ViewStats` names): `served_tokens`; `reused_tokens` served
       from the view's cached prefix; `delta_tokens` = served - reused; `recalled_tokens`
       the recall block; `fresh_tokens` the fresh compression (0 when the drafter did not run).
+    - `part_begin`: in a compress_first decision for new material (compress_new), the
+      drafter token the view's new part starts at: the fresh compression also selects that
+      part on its own (`Prepared.part_begin`); 0 otherwise.
     """
 
     action: Action
@@ -157,6 +160,7 @@ class ViewDecision:
     reused_tokens: int = 0
     recalled_tokens: int = 0
     fresh_tokens: int = 0
+    part_begin: int = 0
 
     @property
     def needs_compression(self) -> bool:
@@ -290,7 +294,11 @@ def decide_view(
     new_question = user_turn is not None and user_turn.role_begin >= view.drafter_gen_begin
     recall = new_question and config.chat_recall
     if fresh is None and (compress_new or recall):
-        return ViewDecision("compress_first", "off", "compress_new" if compress_new else "recall")
+        if compress_new:
+            return ViewDecision(
+                "compress_first", "off", "compress_new", part_begin=view.drafter_gen_begin
+            )
+        return ViewDecision("compress_first", "off", "recall")
     if fresh is not None and not fresh.compressed and (compress_new or recall):
         return _without_view(fresh, "gate_declined")
     compressed_fresh = fresh if fresh is not None and fresh.compressed else None
@@ -309,7 +317,10 @@ def decide_view(
     # §6.1 steps 9-12: the delta appended to the view's cached prefix
     if compress_new:
         assert compressed_fresh is not None
-        delta = subtract(compressed_fresh.kept_spans, [Span(0, view.drafter_gen_begin)])
+        if compressed_fresh.part_begin == view.drafter_gen_begin:
+            delta = compressed_fresh.part_spans  # the new part selected on its own at r0
+        else:  # a fresh result without the part: its share of the whole selection
+            delta = subtract(compressed_fresh.kept_spans, [Span(0, view.drafter_gen_begin)])
     else:
         delta = (Span(view.drafter_gen_begin, n),)
     block = _recall_block(prompt.plan, recalled, target_tokenizer, drafter_tokenizer)

@@ -19,6 +19,7 @@ from pflash.errors import ModelUnavailable
 from pflash.models import embedder as embedder_module
 from pflash.models.drafter.scorer import DrafterScorer
 from pflash.models.embedder import (
+    EmbeddingMemo,
     SentenceEmbedder,
     cpu_flags,
     embedder_dtype,
@@ -181,3 +182,86 @@ def test_the_drafter_returns_similarities_and_fails_closed_without_a_question(em
         scorer(dataclasses.replace(req, semantic_questions=(PARAPHRASED[1][1], " ")))
     with pytest.raises(CompressionFailed, match="3 semantic texts for 2 passages"):
         scorer(dataclasses.replace(req, semantic_passages=req.semantic_passages[:2]))
+
+
+class Counting:
+    """The real embedder, counting the texts it is asked to embed."""
+
+    def __init__(self, embedder):
+        self.embedder, self.texts = embedder, []
+
+    def __call__(self, texts):
+        self.texts += list(texts)
+        return self.embedder.embed(texts)
+
+
+def test_a_conversation_embeds_only_the_texts_it_has_not_seen(embedder):
+    texts = license_sentences(30)
+    memo, count = EmbeddingMemo(conversations=2), Counting(embedder)
+    first = memo.embed("tenant-a:c1", texts[:20], count)
+    assert len(count.texts) == 20 and (memo.hits, memo.misses) == (0, 20)
+    later = memo.embed("tenant-a:c1", [texts[25], *texts[:20], texts[21], texts[25]], count)
+    assert count.texts[20:] == [texts[25], texts[21]]  # each new text once
+    assert (memo.hits, memo.misses) == (21, 2)
+    np.testing.assert_array_equal(later[1:21], first)  # reused rows are the stored ones
+    np.testing.assert_allclose(
+        later, embedder.embed([texts[25], *texts[:20], texts[21], texts[25]]), atol=1e-5
+    )
+
+
+def test_embeddings_are_never_reused_across_conversations_or_tenants(embedder):
+    texts = license_sentences(6)
+    memo, count = EmbeddingMemo(conversations=4), Counting(embedder)
+    memo.embed("tenant-a:c1", texts, count)
+    memo.embed("tenant-b:c1", texts, count)  # another tenant, the same texts: embedded again
+    memo.embed("tenant-a:c2", texts, count)
+    assert len(count.texts) == 18
+    memo.embed(None, texts, count)  # no conversation key: nothing is kept or read
+    assert len(count.texts) == 24
+
+
+def test_the_memo_is_bounded_in_conversations_and_vectors(embedder):
+    texts = license_sentences(12)
+    memo, count = EmbeddingMemo(conversations=2, per_conversation=8), Counting(embedder)
+    memo.embed("a", texts[:4], count)
+    memo.embed("b", texts[:4], count)
+    memo.embed("c", texts[:4], count)  # evicts "a", the least recently used
+    memo.embed("a", texts[:4], count)
+    assert len(count.texts) == 16
+    memo.embed("d", texts, count)  # 12 texts: only the 8 newest stay
+    memo.embed("d", texts[4:], count)
+    assert len(count.texts) == 28 and memo.misses == 0
+    memo.embed("d", texts[:4], count)
+    assert memo.misses == 4
+    off, n = EmbeddingMemo(conversations=0), len(count.texts)
+    off.embed("a", texts[:3], count)
+    off.embed("a", texts[:3], count)
+    assert len(count.texts) == n + 6  # capacity 0: no memo
+
+
+def test_the_drafter_reuses_a_conversations_embeddings_and_reports_it(embedder):
+    model = tiny_decoder("llama", layers=4)
+    loaded = LoadedModel(model, ModelSource("tiny", Path(".")), None, 0.0, False, "llama")
+    config = build_config(
+        {"drafter_head_layer": 2, "drafter_chunk_tokens": 16, "semantic_embedder_dtype": "float32"},
+        env={},
+    )
+    scorer = DrafterScorer(config, loaded)
+    scorer._embedder = embedder
+    texts = tuple(f for f, _ in PARAPHRASED)
+    main = QueryWindow(Span(70, 72), 1.0, "main")
+    req = ScoreRequest(
+        ids=tuple(range(5, 77)),
+        windows=(main,),
+        query=main.span,
+        semantic_passages=(Span(0, 20), Span(20, 40), Span(40, 60)),
+        semantic_texts=texts,
+        semantic_questions=(PARAPHRASED[1][1],),
+        session_key="tenant-a:c1",
+    )
+    first = scorer(req)
+    again = scorer(dataclasses.replace(req, semantic_questions=(PARAPHRASED[2][1],)))
+    assert first.extras["semantic_reused"] == 0
+    assert again.extras["semantic_reused"] == 3  # the passages; the new question is embedded
+    scratch = embedder.similarity((PARAPHRASED[2][1],), texts)
+    np.testing.assert_allclose(again.semantic, scratch, atol=1e-6)

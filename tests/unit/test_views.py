@@ -38,8 +38,15 @@ NEEDLE = "The special magic quokka number is: 7318842."
 FACT = "The archive password for the blue vault is heliotrope-42."
 PASTE_FACT = "The launch code for the red rocket is 55-ALPHA-9."
 QUESTION = "What is the special magic quokka number?"
-# views over drafter doubles that answer attention only (semantic evidence: test_passage_evidence.py)
-CFG = dict(mode="always", keep_ratio=0.2, select_chunk_size=32, select_semantic_weight=0.0)
+# views over drafter doubles that answer attention only (semantic evidence: test_passage_evidence.py);
+# new material is appended verbatim unless a test lowers chat_compress_new_tokens
+CFG = dict(
+    mode="always",
+    keep_ratio=0.2,
+    select_chunk_size=32,
+    select_semantic_weight=0.0,
+    chat_compress_new_tokens=16384,
+)
 MAX_OUTPUT = 64
 
 
@@ -135,8 +142,9 @@ class Conversation:
         decision = self.decide(prepared, view, config=config)
         first = decision
         fresh = None
-        if decision.needs_compression:
-            fresh = self.fresh(prepared, attend_to, config)
+        if decision.needs_compression:  # as the compressor: the new part selected on its own
+            part = replace(prepared, part_begin=decision.part_begin)
+            fresh = self.fresh(part, attend_to, config)
             decision = self.decide(prepared, view, fresh, config=config)
         if decision.view is not None:
             self.store.remember(decision.view)
@@ -419,13 +427,53 @@ def test_big_paste_continues_compressed(smollm2_tokenizer):
     assert (d.mode, d.reason, d.turn) == ("continue-compressed", "compress_new", 2)
     cut = d1.snapshot_cut
     assert d.served_ids[:cut] == d1.served_ids[:cut]
-    # only the part past the previous view comes from the fresh selection
-    assert d.delta_spans == subtract(fresh.kept_spans, [Span(0, d1.view.drafter_gen_begin)])
+    # the part past the previous view, selected on its own at the keep ratio
+    begin = d1.view.drafter_gen_begin
+    assert first.part_begin == begin and fresh.part_begin == begin
+    assert d.delta_spans == fresh.part_spans
+    assert all(span.begin >= begin for span in d.delta_spans)
     assert d.delta_tokens < new_tokens / 2
     assert PASTE_FACT in d.served_text
     assert d.served_text.endswith(
         "What is the launch code for the red rocket?<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_a_tool_output_is_compressed_into_the_view_at_the_keep_ratio(smollm2_tokenizer):
+    """An agent step's output past chat_compress_new_tokens is selected on its own at r0:
+    the view grows by about r0 of it, keeps what it attends to, and the served prefix the
+    target has cached is unchanged (a whole-prompt selection gave such an output ~13 tokens
+    in the agent benchmark: its budget went to text the view already held)."""
+    conv = Conversation(smollm2_tokenizer, chat_compress_new_tokens=512)
+    *_, d1 = conv.turn(TURN1)
+    messages = _agent_step(TURN1, "read(license)", _paste())
+    prepared, view, first, fresh, d = conv.turn(messages, attend_to=(NEEDLE, PASTE_FACT))
+    assert (first.action, first.reason) == ("compress_first", "compress_new")
+    assert (d.mode, d.reason, d.turn) == ("continue-compressed", "compress_new", 2)
+    assert d.served_ids[: d1.snapshot_cut] == d1.served_ids[: d1.snapshot_cut]
+    assert PASTE_FACT in d.served_text
+    begin = d1.view.drafter_gen_begin
+    part = prepared.plan.n_tokens - begin
+    kept = sum(span.end - span.begin for span in d.delta_spans)
+    # r0 of the part plus its pinned markers and generation prompt, never the raw output
+    assert 0.2 * part * 0.8 <= kept <= 0.2 * part + 64
+    # the whole-prompt selection would have given the part far less than r0 of it
+    whole = subtract(fresh.kept_spans, [Span(0, begin)])
+    assert sum(span.end - span.begin for span in whole) < kept
+
+
+def test_the_new_part_is_selected_only_from_its_own_tokens(smollm2_tokenizer):
+    conv = Conversation(smollm2_tokenizer)
+    prepared = conv.prepare(_agent_step(TURN1, "read(license)", _paste()))
+    begin = prepared.plan.n_tokens // 2
+    fresh = conv.fresh(replace(prepared, part_begin=begin), (NEEDLE, PASTE_FACT))
+    assert fresh.part_begin == begin and fresh.part_spans
+    assert all(
+        begin <= span.begin < span.end <= prepared.plan.n_tokens for span in fresh.part_spans
+    )
+    whole = conv.fresh(prepared, (NEEDLE, PASTE_FACT))
+    assert (whole.part_begin, whole.part_spans) == (0, ())
+    assert whole.served_ids == fresh.served_ids  # the whole selection is unchanged by it
 
 
 # --------------------------------------------------------------------------- recall

@@ -101,7 +101,9 @@ from pflash.models.drafter.window import (
     windowed_cache,
 )
 from pflash.models.embedder import (
+    EmbeddingMemo,
     SentenceEmbedder,
+    cosine,
     embedder_dtype,
     load_embedder,
     this_cpu_native_bf16,
@@ -168,6 +170,7 @@ class DrafterScorer:
             else None
         )
         self.sessions = SessionTable(config.drafter_sessions)
+        self.embeddings = EmbeddingMemo(config.drafter_sessions)
         self._embedder: SentenceEmbedder | None = None
         if getattr(config, "select_semantic_weight", 0.0) > 0:
             self.embedder()  # a missing embedder fails at startup, not on the first request
@@ -317,19 +320,24 @@ class DrafterScorer:
             return self._score(req, use_session=True)
         except NonFiniteScores as first:
             log.warning("drafter: %s; rescoring once from scratch", first)
-            self.sessions.drop(req.session_key)
+            self._forget(req.session_key)
             try:
                 result = self._score(req, use_session=False)
             except NonFiniteScores as second:
-                self.sessions.drop(req.session_key)
+                self._forget(req.session_key)
                 raise CompressionFailed(
                     "drafter", f"non-finite scores after one rescore: {second}"
                 ) from second
             result.extras["rescored"] = True
             return result
         except Exception:
-            self.sessions.drop(req.session_key)  # on failure the session restarts
+            self._forget(req.session_key)  # on failure the session restarts
             raise
+
+    def _forget(self, key: str | None) -> None:
+        """Drop what the conversation `key` reuses: its drafter session and embeddings."""
+        self.sessions.drop(key)
+        self.embeddings.drop(key)
 
     def _score(self, req: ScoreRequest, *, use_session: bool) -> ScoreResult:
         asked_tap = req.want_tap
@@ -345,7 +353,9 @@ class DrafterScorer:
             if req.projection_passages:
                 result = self._with_projection(req, result)
                 result = result if asked_tap else replace(result, tap=None)
-            return self._with_semantic(req, result) if req.semantic_texts else result
+            if req.semantic_texts:
+                return self._with_semantic(req, result, use_session=use_session)
+            return result
 
     def _with_projection(self, req: ScoreRequest, result: ScoreResult) -> ScoreResult:
         """`result` with each asked passage's tap-projection cosine to the question."""
@@ -364,16 +374,23 @@ class DrafterScorer:
         sims = np.asarray(sims, dtype=np.float32)
         return replace(result, projection=sims, scorer_forward_ms=result.scorer_forward_ms + ms)
 
-    def _with_semantic(self, req: ScoreRequest, result: ScoreResult) -> ScoreResult:
+    def _with_semantic(
+        self, req: ScoreRequest, result: ScoreResult, *, use_session: bool
+    ) -> ScoreResult:
         """`result` with each asked text's cosine to each question under the sentence
-        embedder (`semantic_embedder`, loaded on first use and kept)."""
+        embedder (`semantic_embedder`, loaded on first use and kept); the conversation's
+        earlier embeddings are reused (`EmbeddingMemo`) unless this is a rescore."""
         t0 = time.perf_counter()
-        sims = self.embedder().similarity(req.semantic_questions, req.semantic_texts)
+        texts = [*req.semantic_questions, *req.semantic_texts]
+        key = req.session_key if use_session else None
+        vectors = self.embeddings.embed(key, texts, self.embedder().embed)
+        sims = cosine(vectors, len(req.semantic_questions))
         if not np.all(np.isfinite(sims)):
             raise NonFiniteScores("semantic: non-finite similarities")
         ms = (time.perf_counter() - t0) * 1000
         result.extras["semantic_ms"] = round(ms, 1)
         result.extras["semantic_passages"] = len(req.semantic_texts)
+        result.extras["semantic_reused"] = self.embeddings.hits
         return replace(result, semantic=sims, scorer_forward_ms=result.scorer_forward_ms + ms)
 
     def tap_projection(self) -> TapProjection:
