@@ -51,7 +51,8 @@ class PFlashStats(BaseModel):
     (`select_likelihood_weight`); `semantic_passages` / `semantic_ms` the same for the
     sentence embedder (`select_semantic_weight`), `semantic_reused` how many of its texts
     (passages and question parts) came from the conversation's earlier turns instead of
-    being embedded again; `projection_passages` / `projection_ms` the
+    being embedded again, `semantic_prefetched` passages after the question (tool outputs
+    since the user last spoke) embedded for the next question; `projection_passages` / `projection_ms` the
     same for the tap projection (`select_projection_weight`). Unknown keys are an error, so the pipeline's
     stats and this contract cannot drift apart silently.
     """
@@ -81,6 +82,7 @@ class PFlashStats(BaseModel):
     semantic_passages: int = 0
     semantic_ms: float = 0.0
     semantic_reused: int = 0
+    semantic_prefetched: int = 0
     projection_passages: int = 0
     projection_ms: float = 0.0
     view: ViewStats = Field(default_factory=ViewStats)

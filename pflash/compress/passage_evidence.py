@@ -112,13 +112,19 @@ def part_shares(sims: np.ndarray) -> np.ndarray:
 
 
 def evidence_passages(
-    drafter: TokenizedText, context_end: int, pinned: Sequence[Span], *, max_tokens: int
+    drafter: TokenizedText,
+    context_end: int,
+    pinned: Sequence[Span],
+    *,
+    max_tokens: int,
+    begin: int = 0,
 ) -> tuple[Span, ...]:
-    """Passages (drafter spans, source order, disjoint) tiling `[0, context_end)` minus the
-    pinned spans, each at most `max_tokens` long, cut at sentence and line starts where
-    possible."""
+    """Passages (drafter spans, source order, disjoint) tiling `[begin, context_end)` minus
+    the pinned spans, each at most `max_tokens` long, cut at sentence and line starts where
+    possible. Each region between pins is cut on its own, so a region's passages do not
+    depend on what comes after it."""
     out: list[Span] = []
-    for region in subtract([Span(0, context_end)], pinned):
+    for region in subtract([Span(begin, context_end)], pinned):
         if region.empty:
             continue
         c0, c1 = drafter.char_span(region)
@@ -232,6 +238,16 @@ def evidence_request(
                     text[slice(*plan.drafter.char_span(question))]
                 ),
             }
+        if want_semantic:  # what the next question will read as passages, embedded now
+            after = evidence_passages(
+                plan.drafter,
+                plan.n_tokens,
+                pinned,
+                max_tokens=config.semantic_passage_tokens,
+                begin=question.end,
+            )
+            if after:
+                out["semantic_prefetch"] = passage_texts(plan.drafter, after)
     return out
 
 
@@ -492,6 +508,37 @@ def lift_code_headers(
     return out
 
 
+RECALL_PASSAGES = 2  # per signal: the best passages a view recalls for a new question
+RECALL_MIN_SHARE = 0.9  # ... when within this share of the best passage (`part_shares`)
+
+
+def recalled_evidence(
+    signals: Sequence[PassageSignal], kept: Sequence[Span]
+) -> tuple[Span, ...]:
+    """The kept parts of each signal's best passages: at most `RECALL_PASSAGES` per signal,
+    scored at least `RECALL_MIN_SHARE` of the way from the median passage to the best.
+
+    Why: recall (§6.2) brings back what a new question attends to, and the drafter's
+    attention does not reach a passage that answers the question in other words; these
+    passages are the ones the evidence signals found for it. In the agent benchmark a
+    question worded without its tool output's words lost that output from the view while
+    a fresh compression kept it. Only what the fresh selection kept is returned, so recall
+    never adds what a fresh compression of the same prompt would drop."""
+    out: list[Span] = []
+    for signal in signals:
+        order = np.argsort(-np.asarray(signal.scores), kind="stable")[:RECALL_PASSAGES]
+        for i in order.tolist():
+            if float(signal.scores[i]) < RECALL_MIN_SHARE:
+                break
+            p = signal.passages[i]
+            out += [
+                Span(max(p.begin, k.begin), min(p.end, k.end))
+                for k in kept
+                if k.begin < p.end and p.begin < k.end
+            ]
+    return tuple(sorted(set(out)))
+
+
 def evidence_stats(scores: ScoreResult) -> dict[str, Any]:
     """`usage.timings.pflash` fields of the passage signals the drafter computed."""
     keys = (
@@ -500,6 +547,7 @@ def evidence_stats(scores: ScoreResult) -> dict[str, Any]:
         "semantic_passages",
         "semantic_ms",
         "semantic_reused",
+        "semantic_prefetched",
         "projection_passages",
         "projection_ms",
     )

@@ -108,7 +108,9 @@ class Compressed:
       construction, from the fields below (`ratio_stats`): whichever path built the result,
       they measure the same thing.
     - `lexical_spans`: kept units that share rare words with the question (lexical
-      evidence); recall brings them back like high-lift candidates.
+      evidence); `evidence_spans`: the kept parts of the passages the evidence signals
+      (semantic, likelihood, projection) rank best for it; recall brings both back like
+      high-lift candidates.
     - `budget_ratio`: r0, the keep ratio over droppable tokens the budget was sized with
       (configured, curve, adaptive or the request's `pflash_keep_ratio`, after the cap that
       fits an over-long prompt into the context; before pins are added and before the
@@ -128,6 +130,7 @@ class Compressed:
     reason: str = ""
     original_tokens: int = 0  # target tokens of the prompt as the client sent it
     lexical_spans: tuple[Span, ...] = ()
+    evidence_spans: tuple[Span, ...] = ()
     budget_ratio: float | None = None
     part_spans: tuple[Span, ...] = ()
     part_begin: int = 0
@@ -413,6 +416,7 @@ def finish(
         reason=prepared.reason,
         original_tokens=len(prepared.input.prompt_ids),
         lexical_spans=lexical_spans,
+        evidence_spans=passage_evidence.recalled_evidence(signals, chosen.assembly.kept_spans),
         budget_ratio=budget.r0,
         part_spans=part_spans,
         part_begin=prepared.part_begin if part_spans else 0,

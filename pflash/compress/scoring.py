@@ -33,6 +33,9 @@ class ScoreRequest:
       pipeline that mixes the scores (the drafter reads the texts).
     - `projection_passages`: passages to score by the tap projection's cosine to the
       `projection_question` rows (`pflash.models.projection`); empty = none asked.
+    - `semantic_prefetch`: passage texts after the question (an agent's tool outputs since
+      the user last spoke) to embed into the conversation's memo and not score: the next
+      question reads them as passages, and then pays only for its own (§6.4).
     """
 
     ids: tuple[int, ...]
@@ -47,6 +50,7 @@ class ScoreRequest:
     semantic_passages: tuple[Span, ...] = ()
     semantic_texts: tuple[str, ...] = ()
     semantic_questions: tuple[str, ...] = ()
+    semantic_prefetch: tuple[str, ...] = ()
     projection_passages: tuple[Span, ...] = ()
     projection_question: Span | None = None
 

@@ -385,14 +385,15 @@ def recall_spans(
     in_view = the view's spans and everything from its generation prompt on (the new turn
     is appended anyway). With lifts (head scorer): candidates whose lift is at least
     `min_lift`, plus the kept lexical evidence (text sharing rare words with the new
-    question, whatever its attention), minus in_view; a content-free question recalls
+    question, whatever its attention) and the kept parts of the passages the evidence
+    signals rank best for it (a question in other words), minus in_view; a content-free question recalls
     almost nothing because its lifts stay near uniform and it names no rare word. Without lifts (legacy scorer): the fresh kept spans minus
     in_view. Canonical, drafter tokens of the new prompt.
     """
     in_view = union(view.spans, [Span(view.drafter_gen_begin, n_drafter)])
     if fresh.candidate_lifts:
         hot = [span for span, lift in fresh.candidate_lifts if lift >= min_lift]
-        return subtract(union(hot, fresh.lexical_spans), in_view)
+        return subtract(union(hot, fresh.lexical_spans, fresh.evidence_spans), in_view)
     return subtract(fresh.kept_spans, in_view)
 
 

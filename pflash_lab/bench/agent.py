@@ -279,14 +279,23 @@ class Caller:
 
 
 def stages(p: dict) -> dict:
-    """`usage.timings.pflash` split by stage (ms); the queue is what compress_ms leaves."""
+    """`usage.timings.pflash` split by stage (ms); the queue is what compress_ms leaves.
+    `drafter_ms` is the drafter's own forward (scorer_forward_ms without the likelihood,
+    embedder and projection passes it carries); `overhead_ms` = compress_ms - drafter_ms,
+    what a step costs beyond the drafter reading its new tokens."""
     out = {k: p.get(k, 0.0) for k in STAGES}
     out["compress_ms"] = p.get("compress_ms", 0.0)
     out["queue_ms"] = max(0.0, out["compress_ms"] - out["scorer_forward_ms"] - out["select_ms"])
+    passes = out["likelihood_ms"] + out["semantic_ms"] + out["projection_ms"]
+    out["drafter_ms"] = max(0.0, out["scorer_forward_ms"] - passes)
+    out["overhead_ms"] = max(0.0, out["compress_ms"] - out["drafter_ms"])
     return out
 
 
-def run_session(call: Caller, trace: agent_trace.Trace, mode: str, keep: float) -> list[dict]:
+def run_session(
+    call: Caller, trace: agent_trace.Trace, mode: str, keep: float, full: bool = True
+) -> list[dict]:
+    """Every step of `trace` with PFlash and (`full`) with the full prompt, side by side."""
     nonce = f"{time.time_ns() % 10**9:09d}"
     headers = {"pflash": f"Session A-{nonce}", "full": f"Session B-{nonce}"}
     extras = {
@@ -296,10 +305,11 @@ def run_session(call: Caller, trace: agent_trace.Trace, mode: str, keep: float) 
     rows = []
     for step in trace.steps:
         order = ("pflash", "full") if step.index % 2 == 0 else ("full", "pflash")
+        order = order if full else ("pflash",)
         res = {
             p: call(trace.request(step.index, headers[p]), trace.tools, extras[p]) for p in order
         }
-        on, off = res["pflash"], res["full"]
+        on, off = res["pflash"], res.get("full")
         served = on["served"] or ""
         planted = trace.planted_before(step.index)
         p = on["pflash"]
@@ -317,11 +327,12 @@ def run_session(call: Caller, trace: agent_trace.Trace, mode: str, keep: float) 
             "prompt_tokens": on["prompt_tokens"],
             "served_tokens": p.get("compressed_tokens"),
             "ttft_pflash_ms": on["ttft_ms"],
-            "ttft_full_ms": off["ttft_ms"],
-            "ratio": off["ttft_ms"] / on["ttft_ms"],
+            "ttft_full_ms": off["ttft_ms"] if off else None,
+            "ratio": off["ttft_ms"] / on["ttft_ms"] if off else None,
             "prefill_pflash_ms": on["prefill_ms"],
-            "prefill_full_ms": off["prefill_ms"],
-            "cache_n_full": off["cache_n"],
+            "prefill_full_ms": off["prefill_ms"] if off else None,
+            "cache_n_full": off["cache_n"] if off else None,
+            "drafter_new_tokens": p.get("scorer_new_tokens", 0),
             **stages(p),
             "view": view.get("mode"),
             "reused_tokens": view.get("reused_tokens"),
@@ -330,12 +341,12 @@ def run_session(call: Caller, trace: agent_trace.Trace, mode: str, keep: float) 
             "evidence_held": {f.name: f.line in served for f in planted},
             "pflash": p,
             "answer_pflash": on["text"],
-            "answer_full": off["text"],
+            "answer_full": off["text"] if off else None,
         }
         if step.kind == "question":
             row["evidence_kept"] = step.evidence in served
             row["answered_pflash"] = step.answer in on["text"]
-            row["answered_full"] = step.answer in off["text"]
+            row["answered_full"] = step.answer in off["text"] if off else None
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "pflash"}), flush=True)
     return rows
@@ -357,7 +368,50 @@ def _kept(rows: list[dict]) -> str:
     return f"{sum(r['evidence_kept'] for r in rows)}/{len(rows)}" if rows else "—"
 
 
+def cost_summary(rows: list[dict]) -> str:
+    """Per length: what a step costs PFlash (medians over steps that ran the drafter), so
+    that steps at different conversation lengths can be compared."""
+    lines = [
+        "| length | steps | summed TTFT PFlash | tool steps: compress / drafter / overhead"
+        " (median ms) | question steps: compress / drafter / overhead | drafter new tokens"
+        " (median tool / question) | served at the end | evidence kept: literal | paraphrased |"
+        " held after planting |",
+        "|" + "---|" * 10,
+    ]
+    med = statistics.median
+    for length in sorted({r["length"] for r in rows}):
+        rs = [r for r in rows if r["length"] == length]
+        ran = [r for r in rs if r["drafter_new_tokens"]]
+        tools = [r for r in ran if r["kind"] == "tool"]
+        qs = [r for r in rs if r["kind"] == "question"]
+        held = [v for r in rs for v in r["evidence_held"].values()]
+
+        def trio(group):
+            if not group:
+                return "—"
+            return " / ".join(
+                f"{med(r[k] for r in group):.0f}"
+                for k in ("compress_ms", "drafter_ms", "overhead_ms")
+            )
+
+        def new(group):
+            return f"{med(r['drafter_new_tokens'] for r in group):.0f}" if group else "—"
+
+        qran = [r for r in qs if r["drafter_new_tokens"]]
+        lines.append(
+            f"| {length:,} | {len(rs)} | {sum(r['ttft_pflash_ms'] for r in rs) / 1000:.1f} s |"
+            f" {trio(tools)} | {trio(qran)} | {new(tools)} / {new(qran)} |"
+            f" {rs[-1]['served_tokens'] or 0:,} of {rs[-1]['prompt_tokens']:,} |"
+            f" {_kept([r for r in qs if r['question_class'] == 'literal'])} |"
+            f" {_kept([r for r in qs if r['question_class'] == 'paraphrase'])} |"
+            f" {sum(held)}/{len(held)} |"
+        )
+    return "\n".join(lines)
+
+
 def summary(rows: list[dict]) -> str:
+    if any(r["ttft_full_ms"] is None for r in rows):
+        return cost_summary(rows)
     lines = [
         "| length | steps | summed TTFT PFlash | summed TTFT full (cache warm) | ratio |"
         " question steps | tool steps | min step ratio | evidence kept: literal |"
@@ -390,6 +444,8 @@ def step_table(rows: list[dict]) -> str:
         "|" + "---|" * 20,
     ]
     for r in rows:
+        if r["ttft_full_ms"] is None:  # --pflash-only
+            r = {**r, "ttft_full_ms": float("nan"), "ratio": float("nan")}
         kind = r["tool"] if r["kind"] == "tool" else f"Q {r['fact']} {r['question_class']}"
         evidence = (
             ("kept" if r["evidence_kept"] else "**lost**")
@@ -451,6 +507,11 @@ def main(argv: list[str] | None = None) -> int:
         "--api-key", default="unused", help="with --base-url: a key of a private tenant"
     )
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--pflash-only",
+        action="store_true",
+        help="skip the full-prompt session (lengths past the target's context): step costs only",
+    )
     args = parser.parse_args(argv)
     from pflash.models.source import load_tokenizer
 
@@ -485,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
             trace = agent_trace.generate(count, length, args.seed, args.question_every)
             if args.max_steps:
                 trace = _first_steps(trace, args.max_steps)
-            rows += run_session(call, trace, args.mode, args.keep)
+            rows += run_session(call, trace, args.mode, args.keep, full=not args.pflash_only)
     finally:
         if cluster is not None:
             cluster.stop()
@@ -496,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         "keep": args.keep,
         "target": target if args.base_url is None else args.base_url,
         "seed": args.seed,
+        "pflash_only": args.pflash_only,
     }
     text = write_report(out, rows, meta)
     print()

@@ -718,3 +718,36 @@ def test_recall_brings_back_kept_lexical_evidence_whatever_its_attention_lift():
     assert recall_spans(view, fresh, 1000, 2.0) == (Span(300, 320), Span(600, 664))
     no_lexical = dataclasses.replace(fresh, lexical_spans=())
     assert recall_spans(view, no_lexical, 1000, 2.0) == (Span(600, 664),)
+
+
+def test_recall_brings_back_the_passage_the_evidence_signals_rank_best():
+    """A question in other words: the drafter's attention lift of its evidence is low and it
+    shares no rare word, but the semantic signal ranks its passage best and the fresh
+    selection kept it; recall brings back the kept part of that passage."""
+    import dataclasses
+
+    from pflash.compress.passage_evidence import PassageSignal, recalled_evidence
+    from pflash.compress.pipeline import Compressed
+    from pflash.views.decision import View, recall_spans
+
+    passages = (Span(100, 160), Span(300, 340), Span(400, 460), Span(600, 640))
+    signal = PassageSignal(passages, np.array([0.0, 1.0, 0.95, 0.5]), 0.3)
+    kept = (Span(0, 50), Span(310, 340), Span(600, 640))
+    # the two best (both within 0.9 of the best): only what the selection kept of them
+    assert recalled_evidence([signal], kept) == (Span(310, 340),)
+    flat = PassageSignal(passages, np.array([0.0, 1.0, 0.5, 0.2]), 0.3)
+    assert recalled_evidence([flat], (Span(0, 1000),)) == (Span(300, 340),)
+
+    fields = {f.name: None for f in dataclasses.fields(View)}
+    view = View(**{**fields, "spans": (Span(0, 50),), "drafter_gen_begin": 900})
+    fresh = Compressed(
+        compressed=True,
+        served_ids=(),
+        served_text="",
+        kept_spans=kept,
+        candidate_lifts=((Span(310, 340), 1.0), (Span(600, 640), 1.2), (Span(0, 50), 5.0)),
+        stats={},
+        evidence_spans=recalled_evidence([signal], kept),
+    )
+    assert recall_spans(view, fresh, 1000, 2.0) == (Span(310, 340),)
+    assert recall_spans(view, dataclasses.replace(fresh, evidence_spans=()), 1000, 2.0) == ()

@@ -382,15 +382,17 @@ class DrafterScorer:
         earlier embeddings are reused (`EmbeddingMemo`) unless this is a rescore."""
         t0 = time.perf_counter()
         texts = [*req.semantic_questions, *req.semantic_texts]
-        key = req.session_key if use_session else None
-        vectors = self.embeddings.embed(key, texts, self.embedder().embed)
-        sims = cosine(vectors, len(req.semantic_questions))
+        key = req.session_key if use_session and self.embeddings.conversations > 0 else None
+        prefetch = list(req.semantic_prefetch) if key is not None else []
+        vectors = self.embeddings.embed(key, texts + prefetch, self.embedder().embed)
+        sims = cosine(vectors[: len(texts)], len(req.semantic_questions))
         if not np.all(np.isfinite(sims)):
             raise NonFiniteScores("semantic: non-finite similarities")
         ms = (time.perf_counter() - t0) * 1000
         result.extras["semantic_ms"] = round(ms, 1)
         result.extras["semantic_passages"] = len(req.semantic_texts)
         result.extras["semantic_reused"] = self.embeddings.hits
+        result.extras["semantic_prefetched"] = len(prefetch)
         return replace(result, semantic=sims, scorer_forward_ms=result.scorer_forward_ms + ms)
 
     def tap_projection(self) -> TapProjection:

@@ -1,0 +1,133 @@
+"""Reuse equals recompute: what a conversation's later turns reuse (the drafter session,
+the passage embeddings) never changes what is served.
+
+Two compressors serve the same agent conversation turn by turn, each with its own view
+store and its own drafter: one keeps drafter sessions and the embedding memo, the other
+(`drafter_sessions: 0`) scores every turn from scratch. The drafter is a tiny random-weight
+llama over SmolLM2's vocabulary (the reuse mechanics, not the weights, are under test), the
+sentence embedder the real shipped one, the tokenizer SmolLM2's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import UNTUNED
+
+from pflash import api
+from pflash.compressor import (
+    Compressor,
+    LocalStore,
+    compression_request,
+    local_scorer,
+    render_request,
+)
+from pflash.config import build_config
+from pflash.models.drafter.scorer import DrafterScorer
+from pflash.models.gguf_io import tiny_decoder
+from pflash.models.loading import LoadedModel
+from pflash.models.source import ModelSource
+from pflash.views.store import ViewStore
+
+FACT = "The archive password for the blue vault is heliotrope-42."
+PLANTED = "The build cache lives in /var/cache/orbit and is wiped every Tuesday."
+
+
+def _text(name: str, chars: int) -> str:
+    return open(f"/usr/share/common-licenses/{name}").read()[:chars]
+
+
+def _with(fact: str, body: str) -> str:
+    mid = body.index("\n\n", len(body) // 2)
+    return body[:mid] + "\n\n" + fact + body[mid:]
+
+
+def _call(name: str, output: str, n: int) -> list[dict]:
+    call = {"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"call_{n}", "content": output},
+    ]
+
+
+def _turns() -> list[list[dict]]:
+    """A task over a document, two tool outputs (one with a planted fact), then questions."""
+    task = [
+        {"role": "system", "content": "You are a coding agent. Answer briefly."},
+        {"role": "user", "content": _with(FACT, _text("GPL-3", 6000)) + "\n\nTidy the build."},
+    ]
+    tool1 = [*task, *_call("read_file", _with(PLANTED, _text("Apache-2.0", 5000)), 1)]
+    tool2 = [*tool1, *_call("run_tests", _text("MPL-2.0", 4000), 2)]
+    question = [
+        *tool2,
+        {"role": "assistant", "content": "Tests ran."},
+        {"role": "user", "content": "Where does the build cache live, and when is it cleared?"},
+    ]
+    again = [
+        *question,
+        {"role": "assistant", "content": "In /var/cache/orbit."},
+        {"role": "user", "content": "What is the password of the blue vault?"},
+    ]
+    return [task, tool1, tool2, question, again]
+
+
+@pytest.fixture(scope="module")
+def drafter_model(smollm2_tokenizer):
+    model = tiny_decoder("llama", layers=4, vocab=len(smollm2_tokenizer))
+    return LoadedModel(model, ModelSource("tiny", Path(".")), None, 0.0, False, "llama")
+
+
+def _serve(tokenizer, loaded, sessions: int) -> list[api.PFlashStats | dict]:
+    config = build_config(
+        UNTUNED
+        | {
+            "mode": "always",
+            "keep_ratio": 0.2,
+            "drafter_head_layer": 2,
+            "drafter_chunk_tokens": 64,
+            "drafter_sessions": sessions,
+            "chat_compress_new_tokens": 256,
+            "select_semantic_weight": 0.3,
+            "semantic_embedder_dtype": "float32",
+        },
+        env={},
+    )
+    scorer = DrafterScorer(config, loaded)
+    flow = Compressor(
+        target_tokenizer=tokenizer,
+        drafter_tokenizer=tokenizer,
+        scorer=local_scorer(scorer),
+        store=LocalStore(ViewStore(16, 3600.0)),
+        max_context=8192,
+    )
+    served = []
+    for messages in _turns():
+        req = api.parse_chat_request(
+            {"messages": messages, "max_tokens": 32, "session_id": "agent-1"}
+        )
+        job = compression_request(req, render_request(req, "chat", tokenizer), config, "tenant-a")
+        result = flow.run_sync(job).compressed
+        served.append((result.served_ids, result.served_text, result.stats))
+    return served
+
+
+def test_a_conversation_served_with_reuse_equals_it_computed_from_scratch(
+    smollm2_tokenizer, drafter_model
+):
+    reused = _serve(smollm2_tokenizer, drafter_model, sessions=2)
+    scratch = _serve(smollm2_tokenizer, drafter_model, sessions=0)
+    modes = [stats["view"]["mode"] for *_, stats in reused]
+    assert modes == ["fresh", "continue-compressed", "continue-compressed", "continue", "continue"]
+    assert modes == [stats["view"]["mode"] for *_, stats in scratch]
+    for turn, ((ids, text, _), (ids0, text0, _)) in enumerate(zip(reused, scratch, strict=True)):
+        assert text == text0, f"turn {turn}"
+        assert ids == ids0, f"turn {turn}"
+    # and reuse did happen: the drafter resumed, the embeddings came from earlier turns
+    later = [stats for *_, stats in reused[1:]]
+    assert all(s["scorer_resume"] > 0 for s in later)
+    assert all(s["scorer_new_tokens"] < s["scorer_resume"] for s in later[2:])
+    assert all(s["semantic_reused"] > 0 for s in later)
+    assert all(s["scorer_resume"] == 0 and s["semantic_reused"] == 0 for *_, s in scratch)
+    # the tool outputs were embedded as they arrived: the questions embed little else
+    assert reused[3][2]["semantic_reused"] >= reused[3][2]["semantic_passages"] - 2
