@@ -1137,3 +1137,86 @@ def test_max_tokens_past_max_output_tokens_is_a_400_naming_it(server):
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "max_tokens"
     assert "max_output_tokens" in r.json()["error"]["message"]
+
+
+def _ingress_capacity(cluster) -> tuple[int, int, int, int]:
+    """(replicas, max_ongoing_requests, max_queued_requests, backpressure Retry-After) of
+    the main app's Ingress, as the test app configures it (the decorator's
+    max_ongoing_requests where the config sets none)."""
+    from deployments.ingress import Ingress
+
+    config = yaml.safe_load(Path(cluster.config).read_text())
+    (app,) = [a for a in config["applications"] if a["route_prefix"] == "/"]
+    (dep,) = [d for d in app["deployments"] if d["name"] == "Ingress"]
+    ongoing = dep.get("max_ongoing_requests", Ingress.max_ongoing_requests)
+    retry_after = dep["backpressure_config"]["retry_after_s"]
+    return dep["num_replicas"], ongoing, dep["max_queued_requests"], retry_after
+
+
+def _probe_flood(server: str, n: int) -> tuple[list[httpx.Response], float]:
+    """`n` /readyz probes sent at once, each on its own connection: (answers, seconds)."""
+
+    async def flood():
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(timeout=30, limits=limits) as http:
+            started = time.monotonic()
+            answers = await asyncio.gather(*(http.get(f"{server}/readyz") for _ in range(n)))
+            return answers, time.monotonic() - started
+
+    return asyncio.run(flood())
+
+
+def _until_ready_in_a_row(server: str, times: int = 20, limit_s: float = 60) -> int:
+    """Probe one at a time until `times` answers in a row are ready (both Ingress replicas
+    then answer from a filled cache): how many in a row it reached."""
+    deadline, in_a_row = time.monotonic() + limit_s, 0
+    while in_a_row < times and time.monotonic() < deadline:
+        ok = httpx.get(f"{server}/readyz", timeout=30).status_code == 200
+        in_a_row = in_a_row + 1 if ok else 0
+        time.sleep(0 if ok else 0.5)
+    return in_a_row
+
+
+READY = {"status": "ready", "checks": {"target": "ok", "drafter": "ok", "session_store": "ok"}}
+
+
+def test_a_flood_of_readyz_probes_within_the_proxy_queue_is_answered_ready_from_the_cache(
+    cluster,
+):
+    """A burst of max_queued_requests probes is all ready, quickly: none calls a model.
+
+    Sized by Serve's admission, not by the replicas: the proxy counts every request still
+    waiting to be assigned a replica against the Ingress's max_queued_requests (one proxy,
+    so not per replica), including those it is about to assign to idle replicas. A burst
+    at most that large is never refused by Serve; a larger one may be (a plain-text 503,
+    the next test), which is the operator's capacity setting, not readiness."""
+    _, _, queued, _ = _ingress_capacity(cluster)
+    assert _until_ready_in_a_row(cluster.http) == 20
+    for _ in range(3):
+        answers, elapsed = _probe_flood(cluster.http, queued)
+        assert [(a.status_code, a.json()) for a in answers] == [(200, READY)] * queued
+        assert elapsed < 10
+
+
+def test_readyz_probes_past_the_ingress_capacity_are_refused_by_serve_not_by_readiness(
+    cluster,
+):
+    """More probes at once than both replicas' max_ongoing_requests plus the proxy's queue:
+    each answer is ready, or Serve's own backpressure 503 (plain text, the configured
+    Retry-After), never readiness's 503 naming a deployment. How many Serve refuses
+    depends on how fast the others are answered; the test asserts only what each is."""
+    replicas, ongoing, queued, retry_after = _ingress_capacity(cluster)
+    n = replicas * ongoing + queued + queued // 2
+    assert _until_ready_in_a_row(cluster.http) == 20
+    answers, _ = _probe_flood(cluster.http, n)
+    refused = "Request dropped due to backpressure (num_queued_requests="
+    ready = [a for a in answers if a.status_code == 200]
+    assert [a.json() for a in ready] == [READY] * len(ready)
+    assert len(ready) >= queued  # the first max_queued_requests to arrive are admitted
+    for a in answers:
+        if a.status_code != 200:
+            assert a.status_code == 503
+            assert a.headers["content-type"].startswith("text/plain")
+            assert a.headers["retry-after"] == str(retry_after)
+            assert a.text.startswith(refused), a.text
+            assert a.text.endswith(f"max_queued_requests={queued}).")
