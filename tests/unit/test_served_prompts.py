@@ -2,7 +2,11 @@
 before the compression flow was restructured (tests/fixtures/served_prompts/). The default
 variant was re-recorded on purpose when semantic evidence became the default and
 again when the tap projection joined it (`auto` evidence weights); the attention and legacy
-variants came out of those recordings byte for byte as before.
+variants came out of those recordings byte for byte as before. The conversations' paste turn
+(and its repeat) was re-recorded when new material a view appends came to be selected on its
+own at the keep ratio (docs/ALGORITHM.md §6.1 step 9): the default variant's paste turn went
+from a rebuild (726 tokens, none reused) to continue-compressed (803 served, 586 reused,
+"6. Trademarks" still served); every other turn and case came out byte for byte as before.
 
 The requests go through exactly what the ingress runs, in process: `pflash.api` parsing,
 `render_request`, `compression_request`, `Compressor.run` with the real embedded drafter,
