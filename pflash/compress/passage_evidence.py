@@ -508,7 +508,7 @@ def lift_code_headers(
     return out
 
 
-RECALL_PASSAGES = 2  # per signal: the best passages a view recalls for a new question
+RECALL_PASSAGES = 1  # per signal: the best passages a view recalls for a new question
 RECALL_MIN_SHARE = 0.9  # ... when within this share of the best passage (`part_shares`)
 
 

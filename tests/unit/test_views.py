@@ -733,7 +733,7 @@ def test_recall_brings_back_the_passage_the_evidence_signals_rank_best():
     passages = (Span(100, 160), Span(300, 340), Span(400, 460), Span(600, 640))
     signal = PassageSignal(passages, np.array([0.0, 1.0, 0.95, 0.5]), 0.3)
     kept = (Span(0, 50), Span(310, 340), Span(600, 640))
-    # the two best (both within 0.9 of the best): only what the selection kept of them
+    # the best passage (the second, within 0.9 of it, waits its turn): only its kept part
     assert recalled_evidence([signal], kept) == (Span(310, 340),)
     flat = PassageSignal(passages, np.array([0.0, 1.0, 0.5, 0.2]), 0.3)
     assert recalled_evidence([flat], (Span(0, 1000),)) == (Span(300, 340),)
