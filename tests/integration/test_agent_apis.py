@@ -206,6 +206,62 @@ def test_a_long_document_is_compressed_through_messages(claude):
     assert NEEDLE in message.model_extra["pflash_prompt"]
 
 
+def test_an_agent_session_through_messages_compresses_each_tool_output_as_it_arrives(claude):
+    """A task over a document, two tool results of ~1.5K tokens, then a question: each tool
+    output is compressed into the view when it arrives (the target's cached prefix reused,
+    the drafter resuming on the new tokens), and the question scores only its own tokens."""
+    tool = {"name": "read_file", "description": "Read a file.", "input_schema": {"type": "object"}}
+    licence = Path("/usr/share/common-licenses")
+    outputs = [
+        (licence / "Apache-2.0").read_text()[:6000],
+        (licence / "MPL-2.0").read_text()[:6000],
+    ]
+    messages = [{"role": "user", "content": _document(4000) + "\n\nTidy up this project."}]
+    extra = {**GREEDY, "pflash_mode": "always", "pflash_keep_ratio": 0.2, "session_id": "agent-7"}
+    steps = []
+
+    def step():
+        message = claude.messages.create(
+            model="pflash", max_tokens=8, messages=messages, tools=[tool], extra_body=extra
+        )
+        steps.append(message.usage.model_extra["pflash"])
+
+    step()
+    for n, output in enumerate(outputs):
+        call = {"type": "tool_use", "id": f"toolu_{n}", "name": "read_file", "input": {"n": n}}
+        messages += [
+            {"role": "assistant", "content": [call]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": output}
+                ],
+            },
+        ]
+        step()
+    messages += [
+        {"role": "assistant", "content": "Both files read."},
+        {"role": "user", "content": "What does the first file say about trademarks?"},
+    ]
+    step()
+    first, *tools, question = steps
+    assert first["view"]["mode"] == "fresh"
+    previous = first
+    for stats in tools:
+        view = stats["view"]
+        assert view["mode"] == "continue-compressed", view
+        assert view["reused_tokens"] >= previous["view"]["served_tokens"] - 8  # its cached prefix
+        added = stats["drafter_input_tokens"] - previous["drafter_input_tokens"]
+        assert added > 1000 and view["delta_tokens"] < 0.5 * added  # compressed, not appended
+        assert stats["scorer_resume"] >= previous["drafter_input_tokens"] - 8
+        assert stats["scorer_new_tokens"] <= added + 8  # the drafter read the new part only
+        previous = stats
+    assert question["view"]["mode"] in ("continue", "rebuild")
+    assert question["scorer_new_tokens"] < 64  # the question's own tokens
+    if question["semantic_passages"]:  # the tool outputs were embedded when they arrived
+        assert question["semantic_reused"] >= question["semantic_passages"] - 4
+
+
 # ----------------------------------------------------------------------------- Responses
 
 
