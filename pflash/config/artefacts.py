@@ -9,7 +9,8 @@ another drafter and how a file bound elsewhere is refused are written once, here
 (`load_scoring_head`), `pflash.models.probe` (`load_segment_probe`),
 `pflash.models.projection` (`load_tap_projection`) and
 `pflash.models.drafter.calibration` (`load_calibration`) each read and check their own
-file and call `refuse_unbound` for the binding. The table sits in config because config
+file; the three GGUF formats check the binding with `refuse_unbound`, the calibration its
+JSON `drafter_sha256` field. The table sits in config because config
 refuses `embedded` for another drafter at load (`embedded_refusal`), and `pflash.models`
 imports config, never the reverse.
 """
@@ -158,7 +159,9 @@ def resolve_artefact(
     return path
 
 
-def refuse_unbound(kind: Kind, path: str | Path, got: object, expected: object, keys) -> None:
+def refuse_unbound(
+    kind: Kind, path: str | Path, got: object, expected: object, keys: tuple[str, ...]
+) -> None:
     """Refuse the file at `path` when it states another value than the drafter `expected`
     for one of `keys` (attributes of both): `ModelUnavailable` naming the first that
     differs, both values, and what it means."""
