@@ -30,8 +30,7 @@ from pflash.config import (
     ViewsConfig,
     build_config,
 )
-from pflash.errors import ModelUnavailable
-from pflash.models.probe import resolve_probe_path
+from pflash.config.artefacts import resolve_artefact
 from pflash.models.source import resolve_source
 
 
@@ -48,9 +47,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     drafter = DrafterScorerDeployment.bind(part_args(config, DrafterScorerPart))
     probe = None
     if config.segment_probe_gguf and config.select_segments != "fixed":
-        path = resolve_probe_path(config.segment_probe_gguf, config.drafter)
-        if not path.is_file():
-            raise ModelUnavailable(f"segment probe {path} not found (segment_probe_gguf)")
+        resolve_artefact("probe", config.segment_probe_gguf, config.drafter)  # fails if absent
         probe = SegmentProbeDeployment.bind(part_args(config, ScoringConfig))
     target = TargetModelDeployment.bind(part_args(config, TargetModelPart))
     store = DeploymentActorConfig(

@@ -27,16 +27,13 @@ log = logging.getLogger("ray.serve")
 class SegmentProbeDeployment:
     def __init__(self, config: dict[str, Any]):
         """`config`: the keys of the drafter's `ScoringConfig` (build_app)."""
-        from pflash.models.probe import (
-            drafter_probe_identity,
-            load_segment_probe,
-            resolve_probe_path,
-        )
+        from pflash.config.artefacts import resolve_artefact
+        from pflash.models.probe import drafter_probe_identity, load_segment_probe
 
         apply_thread_limits()
         cfg = build_part(ScoringConfig, config)
         identity = drafter_probe_identity(cfg)
-        path = resolve_probe_path(cfg.segment_probe_gguf, cfg.drafter, identity.feature_tap)
+        path = resolve_artefact("probe", cfg.segment_probe_gguf, cfg.drafter, identity.feature_tap)
         self.probe = load_segment_probe(path, identity)
         log.info(
             "SegmentProbe ready: %s (threshold %.3f, min %d, max %d)",

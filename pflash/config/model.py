@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
+from pflash.config.artefacts import ARTEFACTS, embedded_refusal
 from pflash.config.components import (
     EMBEDDED_HEAD_LAYER,
     EMBEDDED_PROJECTION_LAYERS,
@@ -148,18 +149,10 @@ class PFlashConfig(ComponentSet):
             raise ValueError(
                 "scoring_head_gguf: a trained scoring head needs strict selection (select_mode not legacy)"
             )
-        if self.segment_probe_gguf == "embedded" and self.drafter != EMBEDDED_SMOLLM2:
-            raise ValueError(
-                f"segment_probe_gguf: 'embedded' is the probe for {EMBEDDED_SMOLLM2}; give a probe GGUF trained for this drafter (pflash probe train)"
-            )
-        if self.scoring_head_gguf == "embedded" and self.drafter != EMBEDDED_SMOLLM2:
-            raise ValueError(
-                f"scoring_head_gguf: 'embedded' is the head for {EMBEDDED_SMOLLM2}; give a head GGUF trained for this drafter (pflash head train)"
-            )
-        if self.drafter_calibration == "embedded" and self.drafter != EMBEDDED_SMOLLM2:
-            raise ValueError(
-                f"drafter_calibration: 'embedded' is the calibration for {EMBEDDED_SMOLLM2}; run pflash calibrate for this drafter"
-            )
+        for kind, artefact in ARTEFACTS.items():
+            refusal = embedded_refusal(kind, getattr(self, artefact.field), self.drafter)
+            if refusal:
+                raise ValueError(f"{artefact.field}: {refusal}")
         evidence = (
             self.select_likelihood_weight
             + self.select_semantic_weight
@@ -172,10 +165,6 @@ class PFlashConfig(ComponentSet):
         if self.select_projection_weight > 0 and not self.projection_gguf:
             raise ValueError(
                 "projection_gguf: select_projection_weight needs a tap projection for this drafter (a file from pflash projection train)"
-            )
-        if self.projection_gguf == "embedded" and self.drafter != EMBEDDED_SMOLLM2:
-            raise ValueError(
-                f"projection_gguf: 'embedded' is the projection for {EMBEDDED_SMOLLM2}; give a projection GGUF trained for this drafter (pflash projection train)"
             )
         if self.adaptive_min > self.adaptive_max:
             raise ValueError("adaptive_min: must not exceed adaptive_max")

@@ -22,7 +22,6 @@ reference's.
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,13 +35,12 @@ from torch import nn
 
 from pflash.compress.scoring import ScoreResult
 from pflash.compress.segments import ProbeParams
-from pflash.errors import CompressionFailed, ConfigError, ModelUnavailable
+from pflash.config.artefacts import refuse_unbound, resolve_artefact
+from pflash.errors import CompressionFailed, ModelUnavailable
 
 PROBE_ARCH = "segmentprobe"
 NS = "segmentprobe"
 SCHEMA_VERSIONS = ("v1", "v2")  # v2 carries the sub-unit head
-EMBEDDED_PROBES = {"embedded:smollm2-135m": "smollm2_135m_segment_probe.gguf"}
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
 UNIT_TENSORS = (
     "norm.weight",
@@ -138,28 +136,6 @@ def drafter_probe_identity(config) -> ProbeIdentity:
     loaded = LoadedModel(model, source, None, 0.0, False, architecture, facts)
     profile = resolve_profile(loaded, config)
     return probe_identity(profile, source.path, hf.get_text_config().hidden_size)
-
-
-def resolve_probe_path(spec: str, drafter: str, tap: str | None = None) -> Path:
-    """`segment_probe_gguf` -> a file path. `embedded` is the probe shipped in the package
-    for the embedded drafter; any other value is a path. Probes for other scoring layers
-    ship as `<name>_l<L>.gguf`; with `tap` given, `embedded` is the shipped probe reading
-    that tap (else the default file, whose tap check then names the mismatch)."""
-    if spec == "embedded":
-        name = EMBEDDED_PROBES.get(drafter)
-        if name is None:
-            raise ConfigError(
-                "segment_probe_gguf",
-                spec,
-                f"'embedded' is the probe for {', '.join(EMBEDDED_PROBES)}; for drafter "
-                f"{drafter!r} give a probe GGUF trained for it (pflash probe train)",
-            )
-        if tap is not None:
-            for other in sorted(DATA_DIR.glob(f"{Path(name).stem}_l*.gguf")):
-                if read_probe_gguf(other).feature_tap == tap:
-                    return other
-        return DATA_DIR / name
-    return Path(os.path.expanduser(spec))
 
 
 # --------------------------------------------------------------------------- file format
@@ -521,17 +497,7 @@ def load_segment_probe(path: str | Path, expected: ProbeIdentity) -> SegmentProb
             f"{where} does not fit this drafter: schema is {f.schema!r}, expected one of "
             f"{list(expected.schemas)}"
         )
-    for key in ("base_model", "feature_tap", "runtime_gguf_sha256"):
-        got, want = getattr(f, key), getattr(expected, key)
-        if got != want:
-            raise ModelUnavailable(
-                f"{where} does not fit this drafter: {key} is {got!r}, expected {want!r}"
-                + (
-                    "; the probe was trained for a different drafter file"
-                    if key == "runtime_gguf_sha256"
-                    else ""
-                )
-            )
+    refuse_unbound("probe", path, f, expected, ("base_model", "feature_tap", "runtime_gguf_sha256"))
     if f.n_embd != expected.n_embd:
         raise ModelUnavailable(
             f"{where}: {NS}.norm.weight has {f.n_embd} features, the drafter's tap has "
@@ -546,5 +512,7 @@ def probe_for(config, scorer) -> SegmentProbe | None:
     if not config.segment_probe_gguf or config.select_segments == "fixed":
         return None
     identity = scorer_probe_identity(scorer)
-    path = resolve_probe_path(config.segment_probe_gguf, config.drafter, identity.feature_tap)
+    path = resolve_artefact(
+        "probe", config.segment_probe_gguf, config.drafter, identity.feature_tap
+    )
     return load_segment_probe(path, identity)

@@ -24,7 +24,6 @@ there is no fallback.
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from pflash.errors import ConfigError, ModelUnavailable
+from pflash.config.artefacts import refuse_unbound, resolve_artefact
+from pflash.errors import ModelUnavailable
 from pflash.models.probe import (
     ProbeIdentity,
     open_typed_gguf,
@@ -48,8 +48,6 @@ WEIGHT = f"{NS}.weight"
 SCHEMA_SUFFIX = "_tap_projection_v1"
 RMS_EPS = 1e-6  # the row norm's epsilon training writes; the file states the one it used
 L2_EPS = 1e-12  # keeps the cosine of an all-zero projection finite (0)
-EMBEDDED_PROJECTIONS = {"embedded:smollm2-135m": "smollm2_135m_tap_projection_l8.gguf"}
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 # What a projection must state to read a drafter's tap is what a probe must state (family,
@@ -272,42 +270,15 @@ def load_tap_projection(path: str | Path, expected: ProjectionIdentity) -> TapPr
         raise ModelUnavailable(
             f"{where} does not fit this drafter: schema is {f.schema!r}, expected {want_schema!r}"
         )
-    hints = {
-        "feature_tap": "; the projection was trained at another scoring layer: set "
-        "drafter_head_layer to the layer its tap names or train one for this layer",
-        "runtime_gguf_sha256": "; the projection was trained for a different drafter file",
-    }
-    for key in ("base_model", "feature_tap", "runtime_gguf_sha256"):
-        got, want = getattr(f, key), getattr(expected, key)
-        if got != want:
-            raise ModelUnavailable(
-                f"{where} does not fit this drafter: {key} is {got!r}, expected {want!r}"
-                + hints.get(key, "")
-            )
+    refuse_unbound(
+        "projection", path, f, expected, ("base_model", "feature_tap", "runtime_gguf_sha256")
+    )
     if f.n_embd != expected.n_embd:
         raise ModelUnavailable(
             f"{where} does not fit this drafter: n_embd is {f.n_embd}, the drafter's tap has "
             f"{expected.n_embd}"
         )
     return TapProjection(f.weight.astype(np.float64), f.norm_eps, expected, str(path))
-
-
-def resolve_projection_path(spec: str, drafter: str) -> Path:
-    """`projection_gguf` -> a file path. `embedded` is the projection shipped in the package
-    for the embedded drafter (trained on its layer-8 tap, the product's scoring layer); any
-    other value is a path."""
-    if spec == "embedded":
-        name = EMBEDDED_PROJECTIONS.get(drafter)
-        if name is None:
-            raise ConfigError(
-                "projection_gguf",
-                spec,
-                f"'embedded' is the projection for {', '.join(EMBEDDED_PROJECTIONS)}; for "
-                f"drafter {drafter!r} give a projection GGUF trained for it "
-                "(pflash projection train)",
-            )
-        return DATA_DIR / name
-    return Path(os.path.expanduser(spec))
 
 
 def projection_for(config, scorer) -> TapProjection:
@@ -321,5 +292,6 @@ def projection_for(config, scorer) -> TapProjection:
             "projection evidence asked, but projection_gguf is empty; set it to `embedded` "
             "or to a file from `pflash projection train`"
         )
-    path = resolve_projection_path(spec, config.drafter)
-    return load_tap_projection(path, scorer_probe_identity(scorer))
+    identity = scorer_probe_identity(scorer)
+    path = resolve_artefact("projection", spec, config.drafter, identity.feature_tap)
+    return load_tap_projection(path, identity)

@@ -193,17 +193,14 @@ class Env:
         overrides: dict | None = None,
     ):
         from pflash.config import build_config
+        from pflash.config.artefacts import resolve_artefact
         from pflash.models.drafter.scorer import DrafterScorer
-        from pflash.models.probe import (
-            load_segment_probe,
-            resolve_probe_path,
-            scorer_probe_identity,
-        )
+        from pflash.models.probe import load_segment_probe, scorer_probe_identity
         from pflash.models.source import load_tokenizer
 
         self.drafter = drafter
         self.overrides = dict(overrides or {})  # applied last, over each section's own config
-        self.probe_path = resolve_probe_path(probe_path or "embedded", drafter)
+        self.probe_path = resolve_artefact("probe", probe_path or "embedded", drafter)
         self._build = build_config
         self.scorer = DrafterScorer(self.config({}))
         self.tokenizer = load_tokenizer(drafter)

@@ -20,6 +20,7 @@ from conftest import UNTUNED
 from pflash.compress.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest
 from pflash.config import build_config
+from pflash.config.artefacts import resolve_artefact
 from pflash.errors import ConfigError
 from pflash.models.drafter.attention import (
     head_keys,
@@ -30,10 +31,8 @@ from pflash.models.drafter.attention import (
     window_mass,
 )
 from pflash.models.drafter.calibration import (
-    EMBEDDED_FILE,
     SCHEMA,
     load_calibration,
-    resolve_calibration_path,
     write_calibration,
 )
 from pflash.models.drafter.scorer import DrafterScorer
@@ -129,16 +128,12 @@ def test_a_missing_calibration_file_is_refused(tmp_path):
         load_calibration(tmp_path / "absent.json", "abc", N_LAYERS, N_HEADS)
 
 
-def test_embedded_resolves_to_the_shipped_smollm2_file():
-    assert resolve_calibration_path("embedded") == EMBEDDED_FILE
-    assert EMBEDDED_FILE.name == "smollm2_135m_calibration.json" and EMBEDDED_FILE.is_file()
-
-
 def test_the_shipped_file_is_bound_to_the_embedded_drafter():
     from pflash.models.source import resolve_source
 
     sha = drafter_sha256(resolve_source("embedded:smollm2-135m").path)
-    cal = load_calibration("embedded", sha, 30, 9)
+    path = resolve_artefact("calibration", "embedded", "embedded:smollm2-135m")
+    cal = load_calibration(path, sha, 30, 9)
     assert abs(sum(cal.head_weights) - 1) < 1e-9
     val = {r["scorer"]: r for r in cal.extra["validation"]["results"]}
     assert set(val) == {

@@ -12,10 +12,10 @@ import torch
 
 from pflash.compress.query import QueryWindow
 from pflash.config import build_config
+from pflash.config.artefacts import ARTEFACTS, DATA_DIR
 from pflash.errors import ModelUnavailable
-from pflash.models.drafter import scoring_head
 from pflash.models.drafter.scorer import DrafterScorer
-from pflash.models.drafter.scoring_head import EMBEDDED_HEAD, resolve_head_path, save_scoring_head
+from pflash.models.drafter.scoring_head import save_scoring_head
 from pflash.models.gguf_io import read_scoring_head_gguf, tiny_decoder, write_decoder_gguf
 from pflash.models.loading import load_causal_lm
 from pflash.models.source import load_tokenizer
@@ -39,6 +39,7 @@ from pflash_lab.train.head_corpus import TRAIN_FAMILIES, HeadExample, examples
 torch.set_num_threads(1)
 
 EMBEDDED = "embedded:smollm2-135m"
+EMBEDDED_HEAD = ARTEFACTS["head"].shipped[EMBEDDED][0].name  # the default (layer 17)
 MARKERS = tuple(range(250, 266))  # key tokens of the synthetic task; context uses 0..199
 CHUNK = 8
 CONTEXT = Span(2, 130)  # 16 chunks of 8 tokens
@@ -168,18 +169,12 @@ def test_a_written_head_binds_to_its_drafter_and_is_refused_for_another(drafters
         scorer_for(other, scoring_head_gguf=str(path))
 
 
-def test_missing_shipped_head_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(scoring_head, "DATA_DIR", tmp_path)
-    with pytest.raises(ModelUnavailable, match="shipped head .* is missing"):
-        resolve_head_path("embedded")
-
-
 # --------------------------------------------------------------------------- real SmolLM2
 
 
 def shipped_layer(name: str = EMBEDDED_HEAD) -> int:
     """The scoring layer a shipped head was trained at (its feature tap names it)."""
-    tap = read_scoring_head_gguf(scoring_head.DATA_DIR / name).feature_tap
+    tap = read_scoring_head_gguf(DATA_DIR / name).feature_tap
     return int(re.search(r"before_block(\d+)$", tap).group(1))
 
 
@@ -192,7 +187,7 @@ def test_embedded_head_resolves_to_the_shipped_file_and_loads_with_smollm2(smoll
     layer = shipped_layer()
     config = {"drafter": EMBEDDED, "scoring_head_gguf": "embedded", "drafter_head_layer": layer}
     scorer = DrafterScorer(build_config(config, env={}), smollm2)
-    assert scorer.head.path == str(scoring_head.DATA_DIR / EMBEDDED_HEAD)
+    assert scorer.head.path == str(DATA_DIR / EMBEDDED_HEAD)
     assert scorer.head.identity == scorer.head_identity()
     assert tuple(scorer.head.q_weight.shape) == (9 * 64, 576)
 
@@ -217,7 +212,7 @@ def test_shipped_head_beats_the_untrained_layer_on_held_out_prompts(smollm2, nam
     )
     layouts = [chunk_layout(e, 64) for e in exs]
     before = rank_metrics([base(score_request(e)).mass for e in exs], layouts, 0.1)
-    assert trained.head.path == str(scoring_head.DATA_DIR / name)
+    assert trained.head.path == str(DATA_DIR / name)
     after = rank_metrics([trained(score_request(e)).mass for e in exs], layouts, 0.1)
     # measured over 14 evidence items: layer-17 head mean rank 3.21 -> 2.29, 8 -> 9 items in
     # the top 10% of chunks; layer-8 head 3.36 -> 2.50, 7 -> 8

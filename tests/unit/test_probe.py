@@ -10,7 +10,7 @@ import torch
 
 from pflash.compress.scoring import ScoreResult
 from pflash.compress.segments import smooth_boundary_logits
-from pflash.errors import CompressionFailed, ConfigError, ModelUnavailable
+from pflash.errors import CompressionFailed, ModelUnavailable
 from pflash.models.gguf_io import read_ggml_shapes
 from pflash.models.probe import (
     NS,
@@ -23,7 +23,6 @@ from pflash.models.probe import (
     probe_fields,
     probe_tensors,
     read_probe_gguf,
-    resolve_probe_path,
     write_gguf,
     write_probe_gguf,
 )
@@ -238,15 +237,6 @@ def test_probe_for_another_tap_width_is_refused(tmp_path):
         load_segment_probe(path, wider)
 
 
-def test_embedded_probe_is_only_for_the_embedded_drafter():
-    assert resolve_probe_path("embedded", "embedded:smollm2-135m").name == (
-        "smollm2_135m_segment_probe.gguf"
-    )
-    with pytest.raises(ConfigError, match="segment_probe_gguf"):
-        resolve_probe_path("embedded", "/models/other.gguf")
-    assert str(resolve_probe_path("/x/p.gguf", "embedded:smollm2-135m")) == "/x/p.gguf"
-
-
 # --------------------------------------------------------------------------- numerics
 
 
@@ -315,25 +305,3 @@ def test_segment_probe_fails_closed_without_a_fitting_tap(tmp_path):
     assert err.value.stage == "probe"
     with pytest.raises(CompressionFailed, match=r"expected \[S, 12\]"):
         probe.boundaries(np.zeros((4, 11), np.float32))
-
-
-def test_embedded_probe_for_another_scoring_layer_is_the_shipped_file_reading_that_tap(
-    tmp_path, monkeypatch
-):
-    import pflash.models.probe as probe_module
-
-    monkeypatch.setattr(probe_module, "DATA_DIR", tmp_path)
-    default = write_probe_gguf(tmp_path / "smollm2_135m_segment_probe.gguf", probe_file())
-    tap8 = "post_block7_residual_before_block8"
-    early = write_probe_gguf(
-        tmp_path / "smollm2_135m_segment_probe_l8.gguf", probe_file(feature_tap=tap8)
-    )
-    drafter = "embedded:smollm2-135m"
-    assert resolve_probe_path("embedded", drafter, tap8) == early
-    assert resolve_probe_path("embedded", drafter, IDENTITY.feature_tap) == default
-    assert resolve_probe_path("embedded", drafter) == default
-    # no shipped probe reads layer 5: the default file, whose tap check names the mismatch
-    tap5 = "post_block4_residual_before_block5"
-    path = resolve_probe_path("embedded", drafter, tap5)
-    with pytest.raises(ModelUnavailable, match="feature_tap"):
-        load_segment_probe(path, ProbeIdentity(**{**IDENTITY.__dict__, "feature_tap": tap5}))

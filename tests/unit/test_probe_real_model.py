@@ -13,11 +13,8 @@ import torch
 from conftest import UNTUNED
 
 from pflash.config import build_config
-from pflash.models.probe import (
-    DATA_DIR,
-    drafter_probe_identity,
-    scorer_probe_identity,
-)
+from pflash.config.artefacts import DATA_DIR, resolve_artefact
+from pflash.models.probe import drafter_probe_identity, scorer_probe_identity
 from pflash_lab.bench.probe_eval import Env, compare_case, held_out_boundaries, retrieval_case
 
 pytestmark = pytest.mark.model
@@ -74,11 +71,11 @@ def test_probe_segments_keep_a_whole_function_that_fixed_chunks_cut(env):
 def test_embedded_probe_at_layer_8_is_the_shipped_layer_8_probe():
     """`pflash probe train --layer 8` wrote it; `embedded` picks it when the drafter scores
     at layer 8 (the probe reads the tap entering the scoring layer)."""
-    from pflash.models.probe import load_segment_probe, resolve_probe_path
+    from pflash.models.probe import load_segment_probe
 
     config = build_config({"drafter_head_layer": 8, "segment_probe_gguf": "embedded"}, env={})
     identity = drafter_probe_identity(config)
     assert identity.feature_tap == "post_block7_residual_before_block8"
-    path = resolve_probe_path("embedded", config.drafter, identity.feature_tap)
+    path = resolve_artefact("probe", "embedded", config.drafter, identity.feature_tap)
     assert path == DATA_DIR / "smollm2_135m_segment_probe_l8.gguf"
     assert load_segment_probe(path, identity).params.min_segment == 4

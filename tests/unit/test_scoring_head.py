@@ -164,25 +164,3 @@ def test_a_head_for_another_scoring_layer_is_refused_naming_drafter_head_layer(d
     path = save_scoring_head(root / "other-layer.gguf", ident, q, k)
     with pytest.raises(ModelUnavailable, match="feature_tap.*drafter_head_layer"):
         base_scorer(loaded, scoring_head_gguf=str(path))
-
-
-def test_embedded_head_for_another_scoring_layer_is_the_shipped_file_reading_that_tap(
-    tmp_path, monkeypatch
-):
-    import pflash.models.drafter.scoring_head as head_module
-    from pflash.models.drafter.scoring_head import HeadIdentity, resolve_head_path
-
-    monkeypatch.setattr(head_module, "DATA_DIR", tmp_path)
-    q, k = np.zeros((4, 8), np.float32), np.zeros((2, 8), np.float32)
-
-    def identity(layer):
-        return HeadIdentity(
-            "s", "b", f"post_block{layer - 1}_residual_before_block{layer}", "0" * 64
-        )
-
-    default = save_scoring_head(tmp_path / "smollm2_135m_scoring_head.gguf", identity(17), q, k)
-    early = save_scoring_head(tmp_path / "smollm2_135m_scoring_head_l8.gguf", identity(8), q, k)
-    assert resolve_head_path("embedded", identity(8).feature_tap) == early
-    assert resolve_head_path("embedded", identity(17).feature_tap) == default
-    assert resolve_head_path("embedded") == default
-    assert resolve_head_path("embedded", identity(5).feature_tap) == default

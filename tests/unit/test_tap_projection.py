@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from pflash.errors import ConfigError, ModelUnavailable
+from pflash.errors import ModelUnavailable
 from pflash.models.probe import ProbeIdentity, write_gguf
 from pflash.models.projection import (
-    DATA_DIR,
     NS,
     WEIGHT,
     ProjectionFile,
@@ -26,7 +25,6 @@ from pflash.models.projection import (
     projection_for,
     projection_tensors,
     read_projection_gguf,
-    resolve_projection_path,
     write_projection_gguf,
 )
 from pflash.spans import Span
@@ -141,19 +139,6 @@ def broken(tmp_path, *, drop=(), set_fields=None, weight=None) -> Path:
 def test_broken_file_is_refused_with_what_is_wrong(tmp_path, kwargs, named):
     message = refused(broken(tmp_path, **kwargs))
     assert named in message
-
-
-def test_embedded_is_refused_for_another_drafter():
-    with pytest.raises(ConfigError) as err:
-        resolve_projection_path("embedded", "/models/qwen3-0.6b.gguf")
-    assert err.value.key == "projection_gguf"
-    assert "pflash projection train" in str(err.value)
-
-
-def test_embedded_resolves_to_the_shipped_layer_8_file_and_paths_expand():
-    path = resolve_projection_path("embedded", "embedded:smollm2-135m")
-    assert path == DATA_DIR / "smollm2_135m_tap_projection_l8.gguf"
-    assert resolve_projection_path("~/p.gguf", "x") == Path.home() / "p.gguf"
 
 
 @pytest.mark.parametrize(

@@ -33,8 +33,6 @@ from pathlib import Path
 from pflash.errors import ConfigError
 
 SCHEMA = "pflash_drafter_calibration_v1"
-EMBEDDED = "embedded"
-EMBEDDED_FILE = Path(__file__).resolve().parents[2] / "data" / "smollm2_135m_calibration.json"
 
 
 @dataclass(frozen=True)
@@ -49,11 +47,6 @@ class Calibration:
     extra: dict  # the rest of the file (tables, prompts, validation), for reports
 
 
-def resolve_calibration_path(value: str) -> Path:
-    """`embedded` -> the file shipped for embedded:smollm2-135m; anything else is a path."""
-    return EMBEDDED_FILE if value == EMBEDDED else Path(value)
-
-
 def _refuse(path: Path, field: str, value: object, allowed: str) -> ConfigError:
     return ConfigError("drafter_calibration", str(path), f"field {field!r} is {value!r}: {allowed}")
 
@@ -61,9 +54,10 @@ def _refuse(path: Path, field: str, value: object, allowed: str) -> ConfigError:
 def load_calibration(
     path: str | Path, expected_sha256: str, n_layers: int, n_heads: int
 ) -> Calibration:
-    """Read and check a calibration file for a drafter with `n_layers` layers and `n_heads`
-    query heads whose model file hashes to `expected_sha256`; refuse naming the field."""
-    path = resolve_calibration_path(str(path))
+    """Read and check a calibration file (`resolve_artefact("calibration", ...)`) for a
+    drafter with `n_layers` layers and `n_heads` query heads whose model file hashes to
+    `expected_sha256`; refuse naming the field."""
+    path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

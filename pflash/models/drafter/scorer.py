@@ -53,6 +53,7 @@ import torch
 from pflash.compress.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest, ScoreResult
 from pflash.config import DrafterScorerPart
+from pflash.config.artefacts import resolve_artefact
 from pflash.errors import CompressionFailed, ConfigError
 from pflash.models.drafter.attention import (
     NonFiniteScores,
@@ -220,7 +221,7 @@ class DrafterScorer:
             )
         text = self.model.config.get_text_config()
         return load_calibration(
-            value,
+            resolve_artefact("calibration", value, self.config.drafter),
             drafter_sha256(self.loaded.source.path),
             text.num_hidden_layers,
             text.num_attention_heads,
@@ -237,7 +238,7 @@ class DrafterScorer:
             )
         hidden = self.model.config.get_text_config().hidden_size
         head = load_scoring_head(
-            path,
+            resolve_artefact("head", path, self.config.drafter, self.profile.tap),
             self.head_identity(),
             q_shape=(self.n_head * self.head_dim, hidden),
             k_shape=(self.n_kv * self.head_dim, hidden),

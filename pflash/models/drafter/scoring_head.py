@@ -8,8 +8,8 @@ The head replaces the projections only: the scoring layer's own `input_layernorm
 and `k_norm` still apply, and `attn_q` holds query rows only (no Qwen3.5 gate rows).
 
 `scoring_head_gguf: embedded` is the head shipped in `pflash/data` for the embedded
-SmolLM2 drafter (config refuses it with any other drafter; `pflash head train`
-reproduces it).
+SmolLM2 drafter (`pflash.config.artefacts` resolves it and refuses it with any other
+drafter; `pflash head train` reproduces it).
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from pflash.config.artefacts import refuse_unbound
 from pflash.errors import ModelUnavailable
 from pflash.models.gguf_io import ScoringHeadFile, read_scoring_head_gguf, write_scoring_head_gguf
 from pflash.models.source import file_sha256
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
-EMBEDDED_HEAD = "smollm2_135m_scoring_head.gguf"  # for embedded:smollm2-135m
 
 
 @dataclass(frozen=True)
@@ -66,43 +65,17 @@ def drafter_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def resolve_head_path(spec: str | Path, tap: str | None = None) -> Path:
-    """`scoring_head_gguf` -> a file path: `embedded` is the shipped head (it must exist),
-    anything else a path (checked when it is read). Heads for other scoring layers ship as
-    `<name>_l<L>.gguf`; with `tap` given, `embedded` is the shipped head reading that tap
-    (else the default file, whose tap check then names the mismatch)."""
-    if str(spec) != "embedded":
-        return Path(spec).expanduser()
-    path = DATA_DIR / EMBEDDED_HEAD
-    if tap is not None:
-        for other in sorted(DATA_DIR.glob(f"{Path(EMBEDDED_HEAD).stem}_l*.gguf")):
-            if read_scoring_head_gguf(other).feature_tap == tap:
-                return other
-    if not path.is_file():
-        raise ModelUnavailable(
-            f"scoring_head_gguf 'embedded': the shipped head {path} is missing from this "
-            "installation; reinstall pflash, run `pflash head train --drafter "
-            f"embedded:smollm2-135m --out {path}`, or unset scoring_head_gguf"
-        )
-    return path
-
-
 def load_scoring_head(
     path: str | Path, expected: HeadIdentity, *, q_shape: tuple[int, int], k_shape: tuple[int, int]
 ) -> ScoringHead:
-    """Read and verify a head file (or `embedded`) against the drafter; refuse with the
-    mismatch named."""
+    """Read and verify a head file (`resolve_artefact("head", ...)`) against the drafter;
+    refuse with the mismatch named."""
     import torch
 
-    path = resolve_head_path(path, tap=expected.feature_tap)
     f = read_scoring_head_gguf(path)
-    for key in ("schema", "base_model", "feature_tap", "runtime_gguf_sha256"):
-        got, want = getattr(f, key), getattr(expected, key)
-        if got != want:
-            raise ModelUnavailable(
-                f"scoring head {path} does not fit this drafter: {key} is {got!r}, expected {want!r}"
-                + _MISMATCH_HINTS.get(key, "")
-            )
+    refuse_unbound(
+        "head", path, f, expected, ("schema", "base_model", "feature_tap", "runtime_gguf_sha256")
+    )
     for leaf, got, want in (
         ("attn_q", f.attn_q.shape, q_shape),
         ("attn_k", f.attn_k.shape, k_shape),
@@ -117,13 +90,6 @@ def load_scoring_head(
         path=str(path),
         identity=expected,
     )
-
-
-_MISMATCH_HINTS = {
-    "runtime_gguf_sha256": "; the head was trained for a different drafter file",
-    "feature_tap": "; the head was trained at another scoring layer: set drafter_head_layer "
-    "to the layer its tap names (post_block{L-1}_residual_before_block{L} is layer L)",
-}
 
 
 def save_scoring_head(path: str | Path, identity: HeadIdentity, q_weight, k_weight) -> Path:
