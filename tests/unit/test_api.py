@@ -517,6 +517,8 @@ def test_usage_serialises_exactly_the_contract_keys():
         "likelihood_ms",
         "semantic_passages",
         "semantic_ms",
+        "semantic_reused",
+        "semantic_prefetched",
         "projection_passages",
         "projection_ms",
         "view",
@@ -588,6 +590,8 @@ def test_uncompressed_request_reports_default_stats():
         "likelihood_ms": 0.0,
         "semantic_passages": 0,
         "semantic_ms": 0.0,
+        "semantic_reused": 0,
+        "semantic_prefetched": 0,
         "projection_passages": 0,
         "projection_ms": 0.0,
         "view": {
