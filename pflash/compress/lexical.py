@@ -59,6 +59,7 @@ from functools import lru_cache
 from typing import Literal, NamedTuple
 
 from pflash.compress.query import Plan
+from pflash.compress.sentences import breaks_sentence, sentence_ends
 from pflash.spans import Span, TokenizedText, canonicalize
 
 LexicalMode = Literal["anchors", "cascade"]
@@ -117,10 +118,6 @@ _QUOTED = re.compile(
     rf"|`([^`\n]{{3,{QUOTE_MAX_CHARS}}})`|(?<!\w)'([^'\n]{{3,{QUOTE_MAX_CHARS}}})'(?!\w)"
 )
 _LINE = re.compile(r"[^\n]+")
-# a match starts only at the first mark of a run: tried from every mark of a long run of
-# "." or "!" that no space follows, the pattern was quadratic in the run
-_SENTENCE_END = re.compile(r"(?<![.!?])[.!?]++[\"')\]]*+(?=\s)")
-_SENTENCE_BREAK = re.compile(r"[.!?:;\n]")
 
 
 # ----------------------------------------------------------------------------- words and units
@@ -182,7 +179,7 @@ def key_words(text: str, ranges: Iterable[tuple[int, int]]) -> set[str]:
     for b, e in ranges:
         prev = b
         for i, w in enumerate(words(text, b, e)):
-            opens = i == 0 or _SENTENCE_BREAK.search(text, prev, w.begin) is not None
+            opens = i == 0 or breaks_sentence(text, prev, w.begin)
             if names_something(text[w.begin : w.end], opens_sentence=opens):
                 out.add(w.norm)
             prev = w.end
@@ -218,8 +215,7 @@ def split_units(
     out: list[tuple[int, int]] = []
     for line in _LINE.finditer(text, begin, stop):
         cut = line.start()
-        ends = [m.end() for m in _SENTENCE_END.finditer(text, line.start(), line.end())]
-        for e in [*ends, line.end()]:
+        for e in [*sentence_ends(text, line.start(), line.end()), line.end()]:
             out.extend(_pieces(text, cut, e, max_chars))
             cut = e
     return out

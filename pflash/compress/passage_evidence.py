@@ -49,6 +49,7 @@ from pflash.compress.lexical import split_units
 from pflash.compress.query import Plan, question_tail
 from pflash.compress.scoring import ScoreRequest, ScoreResult
 from pflash.compress.selection.candidates import Candidates, split_candidates
+from pflash.compress.sentences import ends_sentence, split_sentences
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, TokenizedText, subtract
@@ -59,7 +60,6 @@ SEMANTIC_QUESTION_TOKENS = 256  # the embedder reads a multi-part question whole
 # function; a whole header line of 10^6 characters, copied into each of 10^4 passages, is
 # quadratic
 HEADER_MAX_CHARS = 256
-_SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n+")
 
 
 def evidence_question(plan: Plan, max_tokens: int = QUESTION_TOKENS) -> Span | None:
@@ -82,7 +82,7 @@ def question_parts(question: str) -> tuple[str, ...]:
     Where is it based? Who runs it?" sits between its parts and near none of their answers;
     a passage scores its best match (`combine_questions`)."""
     whole = question.strip()
-    parts = [p.strip() for p in _SENTENCE_END.split(whole) if p.strip()]
+    parts = split_sentences(whole)
     return (whole,) if len(parts) < 2 else (whole, *parts)
 
 
@@ -249,17 +249,6 @@ def evidence_request(
             if after:
                 out["semantic_prefetch"] = passage_texts(plan.drafter, after)
     return out
-
-
-def ends_sentence(piece: str) -> bool:
-    """`piece` ends a sentence or a line: its last visible characters are ".", "!" or "?"
-    (closing quotes and brackets after it aside), or its trailing whitespace holds a
-    newline. A scan from the end (the pattern `\\n\\s*$` searched was quadratic in a
-    run of newlines)."""
-    body = piece.rstrip()
-    if "\n" in piece[len(body) :]:
-        return True
-    return body.rstrip("\"')]").endswith((".", "!", "?"))
 
 
 def whole_sentences(
@@ -512,9 +501,7 @@ RECALL_PASSAGES = 1  # per signal: the best passages a view recalls for a new qu
 RECALL_MIN_SHARE = 0.9  # ... when within this share of the best passage (`part_shares`)
 
 
-def recalled_evidence(
-    signals: Sequence[PassageSignal], kept: Sequence[Span]
-) -> tuple[Span, ...]:
+def recalled_evidence(signals: Sequence[PassageSignal], kept: Sequence[Span]) -> tuple[Span, ...]:
     """The kept parts of each signal's best passages: at most `RECALL_PASSAGES` per signal,
     scored at least `RECALL_MIN_SHARE` of the way from the median passage to the best.
 

@@ -867,6 +867,18 @@ def test_long_final_line_pins_its_last_sentences_within_the_cap(smollm2_tokenize
     assert text[0].isupper() and (text == "Which colour was the car?" or ". Which" in text)
 
 
+def test_long_final_line_is_cut_after_a_quoted_sentence_end(smollm2_tokenizer):
+    line = 'The guard said "stop here." ' * 30 + "Which colour was the car?"
+    plan = _plan_for(smollm2_tokenizer, line, chat_question_pin_tokens=16)
+    (span,) = [s for s in plan.required if "colour" in _span_text(plan, s)]
+    text = _span_text(plan, span).strip()
+    assert len(span) <= 16
+    assert text in (
+        "Which colour was the car?",
+        'The guard said "stop here." Which colour was the car?',
+    )
+
+
 def test_question_pin_can_be_turned_off_for_reference_parity(smollm2_tokenizer):
     question = "What is the special magic quokka number mentioned in the document above?"
     plan = _plan_for(smollm2_tokenizer, "Text. " * 40 + "\n" + question, chat_question_pin_tokens=0)
