@@ -37,13 +37,13 @@ Two pure steps around the drafter call:
 from __future__ import annotations
 
 import bisect
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from pflash.compress.code_headers import code_lines
 from pflash.compress.entity_feedback import followed_passages, lift_passages
 from pflash.compress.lexical import split_units
 from pflash.compress.query import Plan, question_tail
@@ -405,38 +405,6 @@ def _follow_entities(drafter: TokenizedText, checked: list[_Checked]) -> list[_C
         for k in members:
             out[k] = replace(checked[k], values=lift_passages(checked[k].values, followed))
     return out
-
-
-_CODE_HEADER = re.compile(
-    r"[ \t]*(?:(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(|class[ \t]+\w+[ \t]*[:(]"
-    r"|(?:export[ \t]+)?(?:async[ \t]+)?function\b|func[ \t]|(?:pub[ \t]+)?fn[ \t]+\w)"
-)
-
-
-def code_lines(text: str, begin: int, end: int) -> tuple[list[int], list[int]]:
-    """Each non-blank line start of `text[begin:end]` and the start of the innermost code
-    header it is the body of (a `def`/`class`/`function`/`func`/`fn` line above it, less
-    indented), -1 outside any block. One pass over the lines, a stack of open headers by
-    indentation."""
-    starts: list[int] = []
-    headers: list[int] = []
-    stack: list[tuple[int, int]] = []  # (indent, header char)
-    pos = begin
-    while pos < end:
-        nl = text.find("\n", pos, end)
-        stop = end if nl < 0 else nl
-        line = text[pos:stop]
-        body = line.lstrip(" \t")
-        if body:
-            indent = len(line) - len(body)
-            while stack and stack[-1][0] >= indent:
-                stack.pop()
-            starts.append(pos)
-            headers.append(stack[-1][1] if stack else -1)
-            if _CODE_HEADER.match(line):
-                stack.append((indent, pos))
-        pos = stop + 1
-    return starts, headers
 
 
 def passage_headers(drafter: TokenizedText, spans: Sequence[tuple[int, int]]) -> list[int]:
