@@ -26,6 +26,7 @@ from pydantic_core import PydanticCustomError
 from pflash.api.body import json_object
 from pflash.config import PFlashConfig, RequestOverrides
 from pflash.errors import InvalidRequest, ModelNotFound
+from pflash.message_content import content_text
 from pflash.models.target.protocol import SamplingParams
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
@@ -130,27 +131,10 @@ class ChatMessage(BaseModel):
     @field_validator("content", mode="before")
     @classmethod
     def _content_as_text(cls, v: Any) -> Any:
-        if v is None or isinstance(v, str):
-            return v
-        if not isinstance(v, list):
-            raise PydanticCustomError(
-                "invalid_type", "content must be a string or a list of text parts"
-            )
-        texts = []
-        for i, part in enumerate(v):
-            if not (
-                isinstance(part, dict)
-                and part.get("type") == "text"
-                and isinstance(part.get("text"), str)
-            ):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise PydanticCustomError(
-                    "invalid_value",
-                    f"content part {i} has type {kind!r}: only text parts "
-                    '({"type": "text", "text": "..."}) are supported',
-                )
-            texts.append(part["text"])
-        return "\n".join(texts)
+        try:
+            return content_text(v)
+        except InvalidRequest as err:
+            raise PydanticCustomError(err.code or "invalid_value", err.message) from None
 
     @field_validator("content")
     @classmethod

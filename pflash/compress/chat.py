@@ -31,6 +31,7 @@ from typing import Any
 
 from pflash.compress.encoding import encode_as_written
 from pflash.errors import InvalidRequest
+from pflash.message_content import content_text
 from pflash.spans import Span, TokenizedText, decode_ids
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -62,7 +63,8 @@ def normalize_messages(messages: Any) -> list[dict]:
 
     Roles must be one of `ROLES` (an unknown role is `InvalidRequest`). Content may be a
     string, None, or a list of text parts (`{"type": "text", "text": ...}`), which are
-    joined with "\\n" as vLLM does; other part types are rejected (PFlash is text only).
+    joined with "\\n" as vLLM does; other part types are rejected (PFlash is text only):
+    the API's rule (`pflash.message_content.content_text`), so both refuse the same parts.
     Other keys (tool_calls, tool_call_id, name, reasoning_content) pass through unchanged.
     """
     if not isinstance(messages, Sequence) or isinstance(messages, str | bytes) or not messages:
@@ -83,27 +85,13 @@ def normalize_messages(messages: Any) -> list[dict]:
 
 
 def _flatten_content(content: Any, index: int) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence) and not isinstance(content, bytes):
-        texts = []
-        for part in content:
-            if (
-                isinstance(part, Mapping)
-                and part.get("type") == "text"
-                and isinstance(part.get("text"), str)
-            ):
-                texts.append(part["text"])
-            else:
-                raise InvalidRequest(
-                    f"messages[{index}].content: only text parts are supported", param="messages"
-                )
-        return "\n".join(texts)
-    raise InvalidRequest(
-        f"messages[{index}].content must be a string or text parts", param="messages"
-    )
+    try:
+        text = content_text(content)
+    except InvalidRequest as err:
+        raise InvalidRequest(
+            f"messages[{index}].content: {err.message}", param="messages", code=err.code
+        ) from None
+    return "" if text is None else text
 
 
 def render_chat(

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pflash.compress.sentences import opens_sentence
+
 LIFT = 0.9  # a lifted passage scores at least this share of the best passage
 NEAR = 0.9  # names whose summed score is within this share of the best name's are followed
 MIN_MEAN = 0.5  # a followed name's passages score at least this share of the best on average
@@ -34,9 +36,6 @@ MIN_PASSAGES = 3
 MAX_SHARE = 0.1
 _NAME = re.compile(r"\b[A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*\b")
 _LOWER_WORD = re.compile(r"\b[a-z][a-z0-9]*\b")
-_OPENING = (
-    "\"'([*#>-"  # with whitespace: what may stand between a sentence's end and its first word
-)
 
 
 def names(texts: Sequence[str], max_share: float = MAX_SHARE) -> dict[str, list[int]]:
@@ -56,22 +55,6 @@ def names(texts: Sequence[str], max_share: float = MAX_SHARE) -> dict[str, list[
     return {
         n: sorted(ps) for n, ps in where.items() if n in inside and MIN_PASSAGES <= len(ps) <= limit
     }
-
-
-def opens_sentence(text: str, at: int) -> bool:
-    """Whether a word at `at` opens a sentence or a line: only whitespace and opening marks
-    (`"'([*#>-`) stand between it and the text's start, a newline, or a ".!?:;" (a ".!?"
-    may be followed by a closing quote or bracket). A scan back over those marks, so each
-    character is read once per word it precedes: searching the whole text before every
-    name was quadratic."""
-    j = at
-    while j > 0 and (text[j - 1].isspace() or text[j - 1] in _OPENING):
-        j -= 1
-    if j == 0 or "\n" in text[j:at]:
-        return True
-    if text[j - 1] in ".!?:;":
-        return True
-    return text[j - 1] in ")]" and j >= 2 and text[j - 2] in ".!?"
 
 
 def followed_passages(

@@ -58,7 +58,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
+from pflash.compress.code_headers import block_header
 from pflash.compress.query import Plan
+from pflash.compress.sentences import breaks_sentence, sentence_ends
 from pflash.spans import Span, TokenizedText, canonicalize
 
 LexicalMode = Literal["anchors", "cascade"]
@@ -74,7 +76,6 @@ PHRASE_SCORE = 1e-3  # per phrase word: phrase units rank after every key anchor
 REPEAT_BONUS = 0.5  # phrase units repeated word for word rank first in their tier (< 1 word)
 QUOTE_SCORE = float(MAX_NGRAM)  # a quoted string outranks any shared n-gram's bonus
 HOP_DECAY = 0.9  # cascade: a unit reached in hop k scores 0.9^k of its parent
-HEADER_WINDOW = 32  # lines searched upwards for an indented hit's header
 HEADER_GAP = 1e-3  # a header scores this much below its hit, so it is promoted right after
 
 STOPWORDS = frozenset(
@@ -117,10 +118,6 @@ _QUOTED = re.compile(
     rf"|`([^`\n]{{3,{QUOTE_MAX_CHARS}}})`|(?<!\w)'([^'\n]{{3,{QUOTE_MAX_CHARS}}})'(?!\w)"
 )
 _LINE = re.compile(r"[^\n]+")
-# a match starts only at the first mark of a run: tried from every mark of a long run of
-# "." or "!" that no space follows, the pattern was quadratic in the run
-_SENTENCE_END = re.compile(r"(?<![.!?])[.!?]++[\"')\]]*+(?=\s)")
-_SENTENCE_BREAK = re.compile(r"[.!?:;\n]")
 
 
 # ----------------------------------------------------------------------------- words and units
@@ -182,7 +179,7 @@ def key_words(text: str, ranges: Iterable[tuple[int, int]]) -> set[str]:
     for b, e in ranges:
         prev = b
         for i, w in enumerate(words(text, b, e)):
-            opens = i == 0 or _SENTENCE_BREAK.search(text, prev, w.begin) is not None
+            opens = i == 0 or breaks_sentence(text, prev, w.begin)
             if names_something(text[w.begin : w.end], opens_sentence=opens):
                 out.add(w.norm)
             prev = w.end
@@ -218,8 +215,7 @@ def split_units(
     out: list[tuple[int, int]] = []
     for line in _LINE.finditer(text, begin, stop):
         cut = line.start()
-        ends = [m.end() for m in _SENTENCE_END.finditer(text, line.start(), line.end())]
-        for e in [*ends, line.end()]:
+        for e in [*sentence_ends(text, line.start(), line.end()), line.end()]:
             out.extend(_pieces(text, cut, e, max_chars))
             cut = e
     return out
@@ -765,9 +761,9 @@ def _headers(
     excluded: Sequence[tuple[int, int]],
     drafter: TokenizedText,
 ) -> list[AnchoredUnit]:
-    """For each anchored unit on an indented line, the nearest non-blank line above (within
-    `HEADER_WINDOW` lines) with strictly smaller indentation, when it opens a block: the
-    `def`/`class` line that names the function a matched docstring line belongs to. Scored
+    """For each anchored unit on an indented line, its block header (`block_header`: the
+    nearest less indented line above, when it opens a block): the `def`/`class` line that
+    names the function a matched docstring line belongs to. Scored
     just below the hit, named when the hit is. Linear: line starts come from one pass over
     the units in text order and each line's header is looked up once (a long line holds
     hundreds of units; searching back from each was quadratic)."""
@@ -783,63 +779,12 @@ def _headers(
     for u, (score, hop, _) in found.items():
         start = line_of[u]
         if start not in header_of:
-            header_of[start] = _header_line(text, start, excluded)
+            header_of[start] = block_header(text, start, excluded)
         chars = header_of[start]
         if chars is not None:
             span = drafter.token_span(*chars)
             out.append(AnchoredUnit(span, score - HEADER_GAP, hop, "header", u in named))
     return out
-
-
-def _header_line(
-    text: str, line_start: int, excluded: Sequence[tuple[int, int]]
-) -> tuple[int, int] | None:
-    """Characters of the header line of the indented line at `line_start` (`_headers`), or
-    None: not indented, no less indented line within `HEADER_WINDOW` lines, or the first
-    one opens no block or is excluded."""
-    indent = _indent(text, line_start)
-    if indent == 0:
-        return None
-    end = line_start - 1  # the "\n" ending the line above
-    for _ in range(HEADER_WINDOW):
-        if end < 0:
-            return None
-        start = text.rfind("\n", 0, end) + 1
-        line = text[start:end]
-        if line.strip() and _indent(text, start) < indent:
-            lb = start + (len(line) - len(line.lstrip()))
-            le = start + len(line.rstrip())
-            if _opens_block(text[lb:le]) and not any(xb < le and lb < xe for xb, xe in excluded):
-                return lb, le
-            return None
-        end = start - 1
-    return None
-
-
-_BLOCK_KEYWORDS = frozenset(
-    "def class function fn func fun async struct impl interface trait module namespace".split()
-)
-
-
-def _opens_block(line: str) -> bool:
-    """A line that opens an indented block: it ends with ":" or "{", or starts with a
-    definition keyword. Why: in prose an indented paragraph's "header" is just the previous
-    paragraph's last line, and keeping it buys nothing."""
-    m = _WORD.match(line)
-    return line.endswith((":", "{")) or bool(m and m.group() in _BLOCK_KEYWORDS)
-
-
-def _indent(text: str, line_start: int) -> int:
-    """Leading whitespace width of the line starting at `line_start` (a tab counts 4)."""
-    width = 0
-    for ch in text[line_start : line_start + 256]:
-        if ch == " ":
-            width += 1
-        elif ch == "\t":
-            width += 4
-        else:
-            break
-    return width
 
 
 def _best_per_span(units: Iterable[AnchoredUnit]) -> list[AnchoredUnit]:

@@ -37,18 +37,19 @@ Two pure steps around the drafter call:
 from __future__ import annotations
 
 import bisect
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from pflash.compress.code_headers import code_lines
 from pflash.compress.entity_feedback import followed_passages, lift_passages
 from pflash.compress.lexical import split_units
 from pflash.compress.query import Plan, question_tail
 from pflash.compress.scoring import ScoreRequest, ScoreResult
 from pflash.compress.selection.candidates import Candidates, split_candidates
+from pflash.compress.sentences import ends_sentence, split_sentences
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, TokenizedText, subtract
@@ -59,7 +60,6 @@ SEMANTIC_QUESTION_TOKENS = 256  # the embedder reads a multi-part question whole
 # function; a whole header line of 10^6 characters, copied into each of 10^4 passages, is
 # quadratic
 HEADER_MAX_CHARS = 256
-_SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n+")
 
 
 def evidence_question(plan: Plan, max_tokens: int = QUESTION_TOKENS) -> Span | None:
@@ -82,7 +82,7 @@ def question_parts(question: str) -> tuple[str, ...]:
     Where is it based? Who runs it?" sits between its parts and near none of their answers;
     a passage scores its best match (`combine_questions`)."""
     whole = question.strip()
-    parts = [p.strip() for p in _SENTENCE_END.split(whole) if p.strip()]
+    parts = split_sentences(whole)
     return (whole,) if len(parts) < 2 else (whole, *parts)
 
 
@@ -251,17 +251,6 @@ def evidence_request(
     return out
 
 
-def ends_sentence(piece: str) -> bool:
-    """`piece` ends a sentence or a line: its last visible characters are ".", "!" or "?"
-    (closing quotes and brackets after it aside), or its trailing whitespace holds a
-    newline. A scan from the end (the pattern `\\n\\s*$` searched was quadratic in a
-    run of newlines)."""
-    body = piece.rstrip()
-    if "\n" in piece[len(body) :]:
-        return True
-    return body.rstrip("\"')]").endswith((".", "!", "?"))
-
-
 def whole_sentences(
     drafter: TokenizedText, passages: Sequence[Span], values: np.ndarray
 ) -> np.ndarray:
@@ -418,38 +407,6 @@ def _follow_entities(drafter: TokenizedText, checked: list[_Checked]) -> list[_C
     return out
 
 
-_CODE_HEADER = re.compile(
-    r"[ \t]*(?:(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(|class[ \t]+\w+[ \t]*[:(]"
-    r"|(?:export[ \t]+)?(?:async[ \t]+)?function\b|func[ \t]|(?:pub[ \t]+)?fn[ \t]+\w)"
-)
-
-
-def code_lines(text: str, begin: int, end: int) -> tuple[list[int], list[int]]:
-    """Each non-blank line start of `text[begin:end]` and the start of the innermost code
-    header it is the body of (a `def`/`class`/`function`/`func`/`fn` line above it, less
-    indented), -1 outside any block. One pass over the lines, a stack of open headers by
-    indentation."""
-    starts: list[int] = []
-    headers: list[int] = []
-    stack: list[tuple[int, int]] = []  # (indent, header char)
-    pos = begin
-    while pos < end:
-        nl = text.find("\n", pos, end)
-        stop = end if nl < 0 else nl
-        line = text[pos:stop]
-        body = line.lstrip(" \t")
-        if body:
-            indent = len(line) - len(body)
-            while stack and stack[-1][0] >= indent:
-                stack.pop()
-            starts.append(pos)
-            headers.append(stack[-1][1] if stack else -1)
-            if _CODE_HEADER.match(line):
-                stack.append((indent, pos))
-        pos = stop + 1
-    return starts, headers
-
-
 def passage_headers(drafter: TokenizedText, spans: Sequence[tuple[int, int]]) -> list[int]:
     """For each passage (char spans, source order), the start of the header line of the
     innermost code block its first visible character is in (a piece often opens with the
@@ -512,9 +469,7 @@ RECALL_PASSAGES = 1  # per signal: the best passages a view recalls for a new qu
 RECALL_MIN_SHARE = 0.9  # ... when within this share of the best passage (`part_shares`)
 
 
-def recalled_evidence(
-    signals: Sequence[PassageSignal], kept: Sequence[Span]
-) -> tuple[Span, ...]:
+def recalled_evidence(signals: Sequence[PassageSignal], kept: Sequence[Span]) -> tuple[Span, ...]:
     """The kept parts of each signal's best passages: at most `RECALL_PASSAGES` per signal,
     scored at least `RECALL_MIN_SHARE` of the way from the median passage to the best.
 

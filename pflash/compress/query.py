@@ -23,6 +23,7 @@ from pflash.compress.chat import (
 )
 from pflash.compress.instructions import instruction_spans, wrapped_indices
 from pflash.compress.rerender import Rerender
+from pflash.compress.sentences import sentence_ends
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, InvalidRequest
 from pflash.spans import (
@@ -418,9 +419,8 @@ def question_tail(
     floor_tok = max(drafter.token_containing(line_start), end_tok - max_tokens)
     floor_c = drafter.offsets[floor_tok][0] if floor_tok < len(drafter) else end
     tail = drafter.text[floor_c:end]
-    # cut at the space after ". ": byte-level BPE tokens carry their leading space
-    cuts = [m + 1 for m in range(len(tail) - 1) if tail[m] in ".?!" and tail[m + 1] == " "]
-    cuts = [c for c in cuts if floor_c + c < end]
+    # cut at the space after a sentence's end: byte-level BPE tokens carry their leading space
+    cuts = [c for c in sentence_ends(tail) if tail[c] == " "]
     if cuts:
         return Span(drafter.token_at_or_after(floor_c + cuts[0]), end_tok)
     return Span(floor_tok, end_tok)

@@ -132,6 +132,18 @@ def test_bad_messages_are_invalid_requests(smollm2_tokenizer, messages, kwargs):
         render_chat(smollm2_tokenizer, messages, **kwargs)
 
 
+def test_a_non_text_part_is_refused_as_the_api_refuses_it(smollm2_tokenizer):
+    from pflash.api.requests import parse_chat_request
+
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    said = "content part 0 has type 'image_url': only text parts"
+    with pytest.raises(InvalidRequest, match=f"messages\\[0\\].content: {said}") as chat:
+        render_chat(smollm2_tokenizer, messages)
+    with pytest.raises(InvalidRequest) as api:
+        parse_chat_request({"model": "m", "messages": messages})
+    assert (chat.value.message, chat.value.code) == (api.value.message, api.value.code)
+
+
 def test_template_rejection_is_an_invalid_request(smollm2_tokenizer):
     twice_user = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     with pytest.raises(InvalidRequest, match="alternate"):

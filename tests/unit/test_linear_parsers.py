@@ -19,16 +19,17 @@ from hypothesis import strategies as st
 
 from pflash.api.tool_calls import ToolCallStream, split_tool_calls
 from pflash.compress import passages as passages_module
-from pflash.compress.entity_feedback import names, opens_sentence
+from pflash.compress.entity_feedback import names
 from pflash.compress.lexical import (
     MAX_QUOTES,
     _question_sentences,
     quoted_patterns,
     split_units,
 )
-from pflash.compress.passage_evidence import HEADER_MAX_CHARS, ends_sentence, passage_texts
+from pflash.compress.passage_evidence import HEADER_MAX_CHARS, passage_texts
 from pflash.compress.passages import passages as system_passages
 from pflash.compress.query import last_occurrence
+from pflash.compress.sentences import ends_sentence, opens_sentence, sentence_ends
 from pflash.models.target.hf import StopScanner
 from pflash.spans import Span, TokenizedText
 
@@ -163,10 +164,8 @@ def test_a_line_of_sentence_marks_is_cut_in_linear_time():
 @settings(max_examples=1000)
 @given(st.text(alphabet=".!?\"')] \nab", max_size=30), st.integers(0, 35))
 def test_sentence_ends_are_those_the_old_pattern_found(text, end):
-    from pflash.compress.lexical import _SENTENCE_END
-
-    old = [m.span() for m in OLD_SENTENCE_END.finditer(text, 0, end)]
-    assert [m.span() for m in _SENTENCE_END.finditer(text, 0, end)] == old
+    old = [m.end() for m in OLD_SENTENCE_END.finditer(text, 0, end)]
+    assert sentence_ends(text, 0, end) == old
 
 
 def test_a_turn_of_many_questions_is_pooled_in_linear_time():

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from pflash.compress.chat import render_chat
+from pflash.compress.code_headers import code_lines
 from pflash.compress.encoding import encode_as_written_with_offsets
 from pflash.compress.passage_evidence import (
     PassageSignal,
-    code_lines,
     combine_questions,
     evidence_passages,
     evidence_question,
