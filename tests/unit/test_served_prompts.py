@@ -7,6 +7,9 @@ variants came out of those recordings byte for byte as before. The conversations
 own at the keep ratio (docs/ALGORITHM.md §6.1 step 9): the default variant's paste turn went
 from a rebuild (726 tokens, none reused) to continue-compressed (803 served, 586 reused,
 "6. Trademarks" still served); every other turn and case came out byte for byte as before.
+The conversations then gained a last turn, the paste under another keep ratio, so that the
+recording still holds a rebuild (`options_changed`); the recording's other entries came out
+byte for byte as before.
 
 The requests go through exactly what the ingress runs, in process: `pflash.api` parsing,
 `render_request`, `compression_request`, `Compressor.run` with the real embedded drafter,
