@@ -49,6 +49,7 @@ QuestionKind = Literal["frequency", "count", "enumerate", "summary"]
 EDGE_CHARS = 1000  # characters read at each edge of the user's content for its question
 MAX_QUESTION_CHARS = 2000  # an explicit `pflash_query` longer than this is read in part
 MAX_SENTENCES = 4  # question sentences read at the content's end
+LABEL_CHARS = 20  # "Question:", "Task:": a label read past before a question
 LONG_LINE = 200  # characters: a longer line is sampled by its sentences
 
 _WORD = re.compile(r"[a-z0-9]+")
@@ -312,7 +313,7 @@ def asked_text(plan: Plan, pflash_query: str | None = None) -> str:
     if tail and ce - EDGE_CHARS > cb:
         tail = tail[1:]  # the first may be a cut sentence
     for i, (b, e) in enumerate(reversed(tail[-MAX_SENTENCES:])):
-        sentence = text[b:e]
+        sentence = _unlabelled(text[b:e])
         if i == 0 and not is_question_like(sentence, closes_turn=True):
             break
         if i > 0 and not sentence.rstrip().endswith("?"):
@@ -320,10 +321,20 @@ def asked_text(plan: Plan, pflash_query: str | None = None) -> str:
         asked.append(sentence)
     head = split_units(text, cb, min(ce, cb + EDGE_CHARS), max_chars=None)
     if head and (len(head) > 1 or cb + EDGE_CHARS >= ce):
-        first = text[head[0][0] : head[0][1]]
+        first = _unlabelled(text[head[0][0] : head[0][1]])
         if is_question_like(first) and first not in asked:
             asked.append(first)
     return "\n".join(asked)
+
+
+def _unlabelled(sentence: str) -> str:
+    """The sentence without a short label before a colon ("Question: List the ten ...",
+    "Q: ..."), so that an imperative question is recognised by its first word."""
+    colon = sentence.find(":", 0, LABEL_CHARS + 1)
+    label = sentence[:colon].strip()
+    if colon > 0 and label.replace(" ", "").isalpha():
+        return sentence[colon + 1 :].strip()
+    return sentence
 
 
 # ----------------------------------------------------------------------------- the sample
