@@ -1,5 +1,5 @@
-"""Questions about the whole document (pflash/compress/aggregate.py): the detector, the
-uniform sample strict selection keeps for them, and the gate that serves them whole.
+"""Questions about the whole document (pflash/compress/aggregate.py): the detector, and the
+uniform sample strict selection keeps for them (the gate: test_budget.py).
 
 The scorer in the pipeline tests is a test double of the drafter (a pure function of the
 prompt): it puts all attention on the first lines of a list, as a drafter's recency and
@@ -17,14 +17,12 @@ import pytest
 
 from pflash.api import PFlashStats
 from pflash.compress.aggregate import bit_reversal_rank, classify_question
-from pflash.compress.budget import plan_budget
 from pflash.compress.chat import render_chat
 from pflash.compress.pipeline import PromptInput, prepare, uncompressed
 from pflash.compress.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
 from pflash.compressor import compress_in_process
 from pflash.config import build_config
-from pflash.spans import Span
 
 # (question, kind or None): several phrasings per kind, and the fact lookups that share
 # their words ("how many", "most common", "list all", "summary") but ask one fact
@@ -114,37 +112,6 @@ def test_bit_reversal_prefixes_are_evenly_spread():
     odd = bit_reversal_rank(11)
     assert sorted(odd.tolist()) == list(range(11))
     assert sorted(np.argsort(odd)[:3].tolist()) == [0, 4, 8]
-
-
-# ----------------------------------------------------------------------------- the gate
-
-
-def _budget(**kw):
-    base = dict(
-        n_tokens=10_000,
-        prompt_tokens=10_000,
-        r0=0.1,
-        chunk_size=64,
-        query=Span(9_990, 10_000),
-        threshold=2048,
-    )
-    return plan_budget(**{**base, **kw})
-
-
-def test_auto_serves_an_aggregate_question_whole_when_it_fits():
-    plan = _budget(mode="auto", aggregate=True, max_ctx=32_768, max_output=64)
-    assert not plan.compress and plan.reason == "aggregate_question"
-    assert _budget(mode="auto", aggregate=False).reason == "droppable_at_least_threshold"
-
-
-def test_aggregate_question_is_compressed_in_always_and_when_over_the_context():
-    assert _budget(mode="always", aggregate=True).compress
-    over = _budget(mode="auto", aggregate=True, max_ctx=8192, max_output=64)
-    assert over.compress and over.reason == "exceeds_context"
-    short = _budget(
-        mode="auto", aggregate=True, n_tokens=1000, prompt_tokens=1000, query=Span(990, 1000)
-    )
-    assert short.reason == "droppable_below_threshold"
 
 
 # ----------------------------------------------------------------------------- the pipeline
