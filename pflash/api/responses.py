@@ -53,7 +53,10 @@ class PFlashStats(BaseModel):
     (passages and question parts) came from the conversation's earlier turns instead of
     being embedded again, `semantic_prefetched` passages after the question (tool outputs
     since the user last spoke) embedded for the next question; `projection_passages` / `projection_ms` the
-    same for the tap projection (`select_projection_weight`). Unknown keys are an error, so the pipeline's
+    same for the tap projection (`select_projection_weight`); `question_kind` the kind of a
+    question about the whole document (frequency, count, enumerate, summary; null for any
+    other question), which `auto` serves whole and `always` answers with a uniform sample
+    of the document's units. Unknown keys are an error, so the pipeline's
     stats and this contract cannot drift apart silently.
     """
 
@@ -85,6 +88,7 @@ class PFlashStats(BaseModel):
     semantic_prefetched: int = 0
     projection_passages: int = 0
     projection_ms: float = 0.0
+    question_kind: Literal["frequency", "count", "enumerate", "summary"] | None = None
     view: ViewStats = Field(default_factory=ViewStats)
 
     @model_validator(mode="before")

@@ -52,6 +52,7 @@ GateReason = Literal[
     "droppable_at_least_threshold",
     "droppable_below_threshold",
     "exceeds_context",
+    "aggregate_question",
 ]
 
 
@@ -168,6 +169,7 @@ def plan_budget(
     threshold: int = 0,
     max_ctx: int | None = None,
     max_output: int = 0,
+    aggregate: bool = False,
 ) -> BudgetPlan:
     """Budget, ceiling and gate for strict selection over `n_tokens` (S) drafter tokens.
 
@@ -179,6 +181,10 @@ def plan_budget(
     and system pins alone do not fit, fail with `CompressionFailed("context_fit")` - PFlash
     never compresses a system prompt's instructions (its documents are not pins, §5.5). Then
     the gate, then r, budget and ceiling.
+
+    `aggregate`: the question is about the whole document (`aggregate.classify_question`).
+    `auto` then serves a prompt that fits the context whole (reason `aggregate_question`):
+    any selection distorts the counts and proportions such a question asks for.
     """
     if n_tokens <= 0:
         raise ValueError(f"n_tokens must be positive, got {n_tokens}")
@@ -210,9 +216,12 @@ def plan_budget(
         compress, reason = True, "always"
     elif mode == "auto" and over_context:
         compress, reason = True, "exceeds_context"  # served whole it cannot run at all
+    elif mode == "auto" and droppable < threshold:
+        compress, reason = False, "droppable_below_threshold"
+    elif mode == "auto" and aggregate:
+        compress, reason = False, "aggregate_question"
     elif mode == "auto":
-        compress = droppable >= threshold
-        reason = "droppable_at_least_threshold" if compress else "droppable_below_threshold"
+        compress, reason = True, "droppable_at_least_threshold"
     else:
         raise ValueError(f"mode must be off, auto or always, got {mode!r}")
 
@@ -242,6 +251,7 @@ def plan_budget_for(
     max_ctx: int | None,
     max_output: int,
     r0: float | None = None,
+    aggregate: bool = False,
 ) -> BudgetPlan:
     """`plan_budget` for a query Plan under `config` (strict selection).
 
@@ -266,4 +276,5 @@ def plan_budget_for(
         threshold=config.threshold,
         max_ctx=max_ctx,
         max_output=max_output,
+        aggregate=aggregate,
     )

@@ -27,6 +27,12 @@ from typing import Any
 import numpy as np
 
 from pflash.compress import encoding, passage_evidence
+from pflash.compress.aggregate import (
+    AggregateQuestion,
+    asked_text,
+    classify_question,
+    stratified_selection,
+)
 from pflash.compress.assemble import Assembly, assemble, fit_ceiling
 from pflash.compress.budget import BudgetPlan, configured_keep_ratio, plan_budget_for
 from pflash.compress.lexical import LexicalEvidence, LexicalParams, find_lexical_evidence
@@ -93,6 +99,9 @@ class Prepared:
     # drafter tokens: > 0 when a view will append the part from here on; finish() then also
     # selects that part on its own (`Compressed.part_spans`, ALGORITHM.md §6.1 step 9)
     part_begin: int = 0
+    # a question about the whole document (aggregate.py): auto serves it whole, always
+    # selects a uniform sample of the document's units
+    question: AggregateQuestion | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +208,7 @@ def _prepare(
     prompt_tokens = len(inp.prompt_ids)
     if not config.strict:
         return _prepare_legacy(inp, prompt_text, plan, config)
+    question = classify_question(asked_text(plan, inp.pflash_query))
     budget = plan_budget_for(
         plan,
         config,
@@ -206,16 +216,23 @@ def _prepare(
         max_ctx=inp.max_context,
         max_output=inp.max_output,
         r0=inp.r0,
+        aggregate=question is not None,
     )
     if not budget.compress:
-        return Prepared(inp, prompt_text, plan, budget, False, budget.reason, None)
+        return Prepared(
+            inp, prompt_text, plan, budget, False, budget.reason, None, question=question
+        )
     if plan.n_tokens < len(plan.query) + 1 or (
         plan.query.begin == 0 and not plan.query_suffix_candidates
     ):
         # nothing precedes the question: the scorer would have no key to score
-        return Prepared(inp, prompt_text, plan, budget, False, "prompt_too_short", None)
+        return Prepared(
+            inp, prompt_text, plan, budget, False, "prompt_too_short", None, question=question
+        )
     if budget.keep_ratio >= 1.0:
-        return Prepared(inp, prompt_text, plan, budget, False, "nothing_to_drop", None)
+        return Prepared(
+            inp, prompt_text, plan, budget, False, "nothing_to_drop", None, question=question
+        )
     suffix = plan.query_suffix_candidates and config.select_scorer != "split"
     request = ScoreRequest(
         ids=plan.drafter.ids,
@@ -227,7 +244,7 @@ def _prepare(
         want_tap=config.segment_probe_gguf is not None and config.select_segments != "fixed",
         **passage_evidence.evidence_request(plan, budget.pinned, config, suffix=suffix),
     )
-    return Prepared(inp, prompt_text, plan, budget, True, budget.reason, request)
+    return Prepared(inp, prompt_text, plan, budget, True, budget.reason, request, question=question)
 
 
 def _prepare_legacy(
@@ -345,6 +362,10 @@ def finish(
     if signals and config.select_passage_cuts:  # a passage's tokens share its score: by density
         kind = "density"
         cands = passage_evidence.cut_at_passages(cands, signals, token_scores)
+    if prepared.question is not None:  # about the whole document: a uniform sample (§4.11)
+        cands, evidence = stratified_selection(
+            plan, pinned=budget.pinned, suffix_candidates=suffix, evidence=evidence
+        )
     other = _legacy_candidate_scores(scores, cands) if config.select_scorer == "split" else None
 
     def attempt(r: float) -> _Attempt:
@@ -382,6 +403,7 @@ def finish(
     stats = _stats(prepared, scores, chosen, len(cands), budget.kept_tokens, select_started)
     lexical_spans: tuple[Span, ...] = ()
     stats |= passage_evidence.evidence_stats(scores)
+    stats["question_kind"] = prepared.question.kind if prepared.question else None
     if evidence is not None:
         stats["lexical_units"] = len(evidence.units)
         stats["lexical_kept"] = chosen.lexical_kept
@@ -708,6 +730,7 @@ def uncompressed(prepared: Prepared) -> Compressed:
         "compressed_tokens": len(ids),
         "query_rule": prepared.plan.query_rule,
         "stop_reason": prepared.reason,
+        "question_kind": prepared.question.kind if prepared.question else None,
     }
     return Compressed(
         False,

@@ -521,6 +521,7 @@ def test_usage_serialises_exactly_the_contract_keys():
         "semantic_prefetched",
         "projection_passages",
         "projection_ms",
+        "question_kind",
         "view",
     }
     assert set(usage["timings"]["pflash"]["view"]) == {
@@ -594,6 +595,7 @@ def test_uncompressed_request_reports_default_stats():
         "semantic_prefetched": 0,
         "projection_passages": 0,
         "projection_ms": 0.0,
+        "question_kind": None,
         "view": {
             "mode": "off",
             "turn": 0,

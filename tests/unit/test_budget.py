@@ -123,6 +123,21 @@ def _fit_plan(**overrides):
     return plan_budget(**args)
 
 
+def test_auto_serves_a_question_about_the_whole_document_whole_when_it_fits():
+    plan = _fit_plan(mode="auto", threshold=2048, max_ctx=32768, aggregate=True)
+    assert not plan.compress and plan.reason == "aggregate_question"
+    plain = _fit_plan(mode="auto", threshold=2048, max_ctx=32768)
+    assert plain.compress and plain.reason == "droppable_at_least_threshold"
+
+
+def test_a_question_about_the_whole_document_is_compressed_in_always_or_over_the_context():
+    assert _fit_plan(mode="always", max_ctx=32768, aggregate=True).compress
+    over = _fit_plan(mode="auto", threshold=2048, max_ctx=8192, max_output=64, aggregate=True)
+    assert over.compress and over.reason == "exceeds_context"
+    short = _fit_plan(mode="auto", threshold=9000, max_ctx=32768, aggregate=True)
+    assert short.reason == "droppable_below_threshold"
+
+
 def test_instruction_role_pins_are_kept_when_they_fit():
     plan = _fit_plan(max_ctx=6000)
     assert not plan.instruction_role_dropped
