@@ -696,13 +696,13 @@ def _keys(conv, messages):
     return view_keys(conv.prepare(messages), conv.target)
 
 
-def test_recall_brings_back_kept_lexical_evidence_whatever_its_attention_lift():
-    """A follow-up naming a fact the view dropped: the fresh selection kept it as lexical
-    evidence (it shares rare words with the question) though its attention lift is low."""
+def _recall_case(kept, lifts, **evidence):
+    """A view holding [0, 50) of a 1000-token prompt whose new turn starts at 900, and a
+    fresh selection keeping `kept` with candidate `lifts` and the given evidence spans."""
     import dataclasses
 
     from pflash.compress.pipeline import Compressed
-    from pflash.views.decision import View, recall_spans
+    from pflash.views.decision import View
 
     fields = {f.name: None for f in dataclasses.fields(View)}
     view = View(**{**fields, "spans": (Span(0, 50),), "drafter_gen_begin": 900})
@@ -710,9 +710,24 @@ def test_recall_brings_back_kept_lexical_evidence_whatever_its_attention_lift():
         compressed=True,
         served_ids=(),
         served_text="",
-        kept_spans=(Span(0, 50), Span(300, 320), Span(600, 664)),
-        candidate_lifts=((Span(300, 320), 1.1), (Span(600, 664), 3.0), (Span(0, 50), 5.0)),
+        kept_spans=kept,
+        candidate_lifts=lifts,
         stats={},
+        **evidence,
+    )
+    return view, fresh
+
+
+def test_recall_brings_back_kept_lexical_evidence_whatever_its_attention_lift():
+    """A follow-up naming a fact the view dropped: the fresh selection kept it as lexical
+    evidence (it shares rare words with the question) though its attention lift is low."""
+    import dataclasses
+
+    from pflash.views.decision import recall_spans
+
+    view, fresh = _recall_case(
+        (Span(0, 50), Span(300, 320), Span(600, 664)),
+        ((Span(300, 320), 1.1), (Span(600, 664), 3.0), (Span(0, 50), 5.0)),
         lexical_spans=(Span(300, 320),),
     )
     assert recall_spans(view, fresh, 1000, 2.0) == (Span(300, 320), Span(600, 664))
@@ -727,8 +742,7 @@ def test_recall_brings_back_the_passage_the_evidence_signals_rank_best():
     import dataclasses
 
     from pflash.compress.passage_evidence import PassageSignal, recalled_evidence
-    from pflash.compress.pipeline import Compressed
-    from pflash.views.decision import View, recall_spans
+    from pflash.views.decision import recall_spans
 
     passages = (Span(100, 160), Span(300, 340), Span(400, 460), Span(600, 640))
     signal = PassageSignal(passages, np.array([0.0, 1.0, 0.95, 0.5]), 0.3)
@@ -738,15 +752,9 @@ def test_recall_brings_back_the_passage_the_evidence_signals_rank_best():
     flat = PassageSignal(passages, np.array([0.0, 1.0, 0.5, 0.2]), 0.3)
     assert recalled_evidence([flat], (Span(0, 1000),)) == (Span(300, 340),)
 
-    fields = {f.name: None for f in dataclasses.fields(View)}
-    view = View(**{**fields, "spans": (Span(0, 50),), "drafter_gen_begin": 900})
-    fresh = Compressed(
-        compressed=True,
-        served_ids=(),
-        served_text="",
-        kept_spans=kept,
-        candidate_lifts=((Span(310, 340), 1.0), (Span(600, 640), 1.2), (Span(0, 50), 5.0)),
-        stats={},
+    view, fresh = _recall_case(
+        kept,
+        ((Span(310, 340), 1.0), (Span(600, 640), 1.2), (Span(0, 50), 5.0)),
         evidence_spans=recalled_evidence([signal], kept),
     )
     assert recall_spans(view, fresh, 1000, 2.0) == (Span(310, 340),)
