@@ -306,14 +306,6 @@ class Ingress:
             info = await self.target.info.remote()
         return int(info["max_context"])
 
-    async def check_health(self) -> None:
-        """Serve's periodic health check of this replica: it starts the readiness refresher
-        (on the replica's loop), so the first `/readyz` a replica gets is answered from a
-        cache already filled instead of waiting for a first round. It never fails: a
-        deployment that does not answer is `/readyz`'s to report, not a reason to restart
-        the ingress."""
-        self.readiness.start()
-
     # ------------------------------------------------------------------ routes
     @app.get("/healthz")
     async def healthz(self) -> dict[str, str]:

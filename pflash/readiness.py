@@ -77,11 +77,10 @@ class ReadinessCache:
     """The background refresher and its cache, for one ingress replica.
 
     `checks`: name -> a function starting one remote check (its awaitable's value is
-    ignored; an exception or a timeout is a failed check). The refresher needs the
-    replica's event loop, so it starts on the first `start()` (the ingress calls it from
-    Serve's periodic health check, so a replica's cache is warm before its first probe)
-    or `answer()`, and restarts there if it ever stopped; callers before its first round
-    wait for it, every later one is answered at once from the cache."""
+    ignored; an exception or a timeout is a failed check). The refresher starts on the
+    first `answer()` (it needs the replica's event loop) and restarts there if it ever
+    stopped; the first callers wait for its first round, every later one is answered at
+    once from the cache."""
 
     def __init__(
         self,
@@ -99,15 +98,11 @@ class ReadinessCache:
         self._task: asyncio.Task | None = None
         self._first_round: asyncio.Event | None = None
 
-    def start(self) -> None:
-        """Start the refresher on the running event loop unless it is running."""
+    async def answer(self) -> tuple[int, dict[str, Any]]:
+        """`readiness_answer` of the cache, starting the refresher if it is not running."""
         if self._task is None or self._task.done():
             self._first_round = self._first_round or asyncio.Event()
             self._task = asyncio.ensure_future(self._refresh_forever())
-
-    async def answer(self) -> tuple[int, dict[str, Any]]:
-        """`readiness_answer` of the cache, starting the refresher if it is not running."""
-        self.start()
         if not self._first_round.is_set():
             try:  # a round is bounded by timeout_s; the slack covers scheduling
                 async with asyncio.timeout(self.timeout_s + 1.0):

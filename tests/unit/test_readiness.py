@@ -119,25 +119,3 @@ def test_a_stopped_refresher_is_restarted_by_the_next_probe():
         return target.calls
 
     assert asyncio.run(run()) == 2
-
-
-def test_a_started_refresher_answers_the_first_probe_from_a_filled_cache():
-    """The ingress starts the refresher from Serve's health check: by the first probe the
-    round is done, so that probe neither waits for a slow deployment nor calls one."""
-    slow = Deployment(0.3)
-
-    async def scenario():
-        cache = ReadinessCache({"drafter": slow}, interval_s=10.0)
-        cache.start()
-        cache.start()  # idempotent: one refresher
-        await asyncio.sleep(0.4)
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        status, _ = await cache.answer()
-        waited = loop.time() - began
-        cache.close()
-        return status, waited
-
-    status, waited = asyncio.run(scenario())
-    assert status == 200 and slow.calls == 1
-    assert waited < 0.05  # a probe without start() waits the slow deployment's 0.3 s
