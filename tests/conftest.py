@@ -62,7 +62,7 @@ def bpe_tokenizer():
 UNTUNED = dict(UNTUNED_SCORING)
 
 
-# Facts and questions that share no content word with them (likelihood and semantic evidence).
+# Facts and questions that share no content word with them (semantic and projection evidence).
 PARAPHRASED = [
     (
         "The village bakery opens its doors at five o'clock every morning.",

@@ -46,10 +46,9 @@ class PFlashStats(BaseModel):
     over-long prompt into the context), null when the prompt was served as sent; `segments` candidate segments; `scorer_resume` the token
     position the drafter session resumed from; `lexical_units` / `lexical_kept` the text
     units sharing rare words with the question and how many of them were kept first
-    (`select_lexical`); `likelihood_passages` / `likelihood_ms` the passages the drafter
-    scored by question likelihood and that pass's time, part of `scorer_forward_ms`
-    (`select_likelihood_weight`); `semantic_passages` / `semantic_ms` the same for the
-    sentence embedder (`select_semantic_weight`), `semantic_reused` how many of its texts
+    (`select_lexical`); `semantic_passages` / `semantic_ms` the passages the sentence
+    embedder scored and that pass's time, part of `scorer_forward_ms`
+    (`select_semantic_weight`), `semantic_reused` how many of its texts
     (passages and question parts) came from the conversation's earlier turns instead of
     being embedded again, `semantic_prefetched` passages after the question (tool outputs
     since the user last spoke) embedded for the next question; `projection_passages` / `projection_ms` the
@@ -80,8 +79,6 @@ class PFlashStats(BaseModel):
     scorer_forward_ms: float = 0.0
     lexical_units: int = 0
     lexical_kept: int = 0
-    likelihood_passages: int = 0
-    likelihood_ms: float = 0.0
     semantic_passages: int = 0
     semantic_ms: float = 0.0
     semantic_reused: int = 0

@@ -27,13 +27,11 @@ from pflash.compress.encoding import (
     controls_within,
     decode,
     encode,
-    encode_text,
     find_controls,
 )
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, TokenizedText, Tokenizer, canonicalize, decode_ids
 
-CUT_MARKER = "\n[...]\n"
 RECALL_HEADER = "[Earlier in this conversation]\n"
 RECALL_FOOTER = "\n[End of earlier excerpts]\n\n"
 RECALL_SEPARATOR = "\n\n"
@@ -95,9 +93,6 @@ class Assembly:
       kept drafter ids decoded as one stream), when the paragraph join is used; else 0.
       Excluded from the ceiling check (§4.8). May be negative when a tokenizer merges
       across a cut.
-    - `marker_tokens`: target tokens the cut markers add (§4.9 experiment; 0 when off).
-      Unlike the join they are paid **inside** the budget (the selector is charged
-      `cut_marker_drafter_tokens` per gap), so they count against the ceiling.
     """
 
     kept_spans: tuple[Span, ...]
@@ -105,7 +100,6 @@ class Assembly:
     text: str
     target_ids: tuple[int, ...]
     join_overhead: int = 0
-    marker_tokens: int = 0
     controls: tuple[tuple[int, int], ...] = ()
 
     @property
@@ -181,24 +175,19 @@ def assemble(
     kept_spans: Sequence[Span],
     *,
     paragraph_join: bool,
-    cut_marker: bool = False,
     prompt: TokenizedText | None = None,
 ) -> Assembly:
     """Decode the kept **drafter** runs, join them, re-encode with the **target** tokenizer.
 
     `kept_spans` must be canonical drafter spans (sorted, non-empty, non-touching) inside
     `drafter_ids`; anything else, or no span at all, fails closed with
-    `CompressionFailed("assembly")`. Pass the config's `select_paragraph_join` and
-    `assembly_cut_marker`. Container headers (§4.9) need nothing here: the selector adds
-    them to the kept spans (`selection.fit_assembly_overhead`).
+    `CompressionFailed("assembly")`. Pass the config's `select_paragraph_join`.
 
     `prompt`: the drafter encoding `drafter_ids` came from (the plan's), whose controls say
     which marker texts in the kept runs are control tokens; the rest is encoded as text.
     Without it the assembled text is read as written (every marker text a control token).
 
-    Joining, by precedence:
-    - `cut_marker` (§4.9 experiment): `CUT_MARKER` between consecutive runs; its tokens are
-      reported as `marker_tokens` and count against the ceiling.
+    Joining:
     - `paragraph_join`: the §4.8 junction rule; its tokens are `join_overhead`.
     - neither: the kept drafter ids decoded as one stream (the reference's plain decode).
     """
@@ -209,10 +198,7 @@ def assemble(
     if plain.text != decode_ids(drafter_tokenizer, kept_ids):
         plain = decode(drafter_tokenizer, kept_ids)
 
-    marker = cut_marker and len(spans) > 1
-    if marker:
-        joined = _joined(runs, lambda _left, _right: CUT_MARKER, skip_empty=False)
-    elif paragraph_join and len(spans) > 1:
+    if paragraph_join and len(spans) > 1:
         joined = _joined(runs, _junction, skip_empty=True)
     else:
         joined = plain
@@ -230,8 +216,7 @@ def assemble(
         run_texts=tuple(r.text for r in runs),
         text=joined.text,
         target_ids=target_ids,
-        join_overhead=0 if marker else extra,
-        marker_tokens=extra if marker else 0,
+        join_overhead=extra,
         controls=joined.controls,
     )
 
@@ -253,17 +238,6 @@ def joined_runs(
     if plain.text != decode_ids(drafter_tokenizer, kept_ids):
         return decode(drafter_tokenizer, kept_ids)
     return plain
-
-
-def cut_marker_drafter_tokens(drafter_tokenizer: Tokenizer) -> int:
-    """Drafter tokens one `CUT_MARKER` costs (§4.9 experiment), for the selector's budget.
-
-    Pass it as `marker_tokens` to `selection.fit_assembly_overhead`, which pays one marker
-    per gap between kept runs inside the **drafter** budget by dropping the lowest-ranked
-    optional candidates until the total fits. 0 when the experiment is off is the caller's
-    choice (`assembly_cut_marker`).
-    """
-    return len(encode_text(drafter_tokenizer, CUT_MARKER))
 
 
 class CeilingMeasured(Protocol):

@@ -1,12 +1,11 @@
 """Passage evidence in strict selection: passages that answer the question in other words.
 
 Why: attention at the drafter's scoring layer does not connect a paraphrased question to its
-evidence (BENCHMARKS.md, the paraphrased families). Three signals can, each scored per passage of the text
-before the question and mixed into the token scores:
+evidence (docs/BENCHMARK_NOTEBOOK.md, the paraphrased families). Two signals can, each scored per passage of the text
+before the question and mixed into the token scores (a third, question likelihood as in
+LongLLMLingua's coarse ranking, moved retention little at 3-4x the compression time and was
+removed; docs/BENCHMARK_NOTEBOOK.md):
 
-- **likelihood** (`select_likelihood_weight`): the drafter as a language model; reading the
-  passage that answers a question makes that question likelier, whatever words either uses
-  (LongLLMLingua's coarse ranking; `pflash.models.drafter.likelihood`).
 - **semantic** (`select_semantic_weight`): a sentence embedder trained to pair questions
   with the passages that answer them (`pflash.models.embedder`); cosine of question and
   passage.
@@ -54,7 +53,7 @@ from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, TokenizedText, subtract
 
-QUESTION_TOKENS = 64  # longest question the likelihood scores (each token is a forward row)
+QUESTION_TOKENS = 64  # the question's tail when no question closes the latest user turn
 SEMANTIC_QUESTION_TOKENS = 256  # the embedder reads a multi-part question whole
 # a code header read with each passage of its block: its first characters name the
 # function; a whole header line of 10^6 characters, copied into each of 10^4 passages, is
@@ -200,54 +199,43 @@ def mix_evidence(
 def evidence_request(
     plan: Plan, pinned: Sequence[Span], config: PFlashConfig, *, suffix: bool
 ) -> dict[str, Any]:
-    """What the drafter scores by question likelihood, the sentence embedder and the tap
-    projection, when asked for: passages of the droppable text before the question (the
+    """What the drafter scores by the sentence embedder and the tap projection, when asked
+    for: passages of the droppable text before the question (the
     projection scores the embedder's passages against the same question span). Not in the agent loop
     (`suffix`): its candidates after the question have no passage, so the scores would not be
     on one scale. Returns the ScoreRequest fields."""
-    want_likelihood = config.select_likelihood_weight > 0
     want_semantic = config.select_semantic_weight > 0
     want_projection = config.select_projection_weight > 0
-    if not (want_likelihood or want_semantic or want_projection) or suffix:
+    if not (want_semantic or want_projection) or suffix:
         return {}
     question = evidence_question(plan)
     if question is None:
         return {}
+    question = evidence_question(plan, SEMANTIC_QUESTION_TOKENS) or question
     end = min(question.begin, plan.query.begin)
     out: dict[str, Any] = {}
-    if want_likelihood:
-        passages = evidence_passages(
-            plan.drafter, end, pinned, max_tokens=config.likelihood_passage_tokens
+    semantic = evidence_passages(
+        plan.drafter, end, pinned, max_tokens=config.semantic_passage_tokens
+    )
+    if semantic and want_projection:
+        out |= {"projection_passages": semantic, "projection_question": question}
+    if semantic and want_semantic:
+        text = plan.drafter.text
+        out |= {
+            "semantic_passages": semantic,
+            "semantic_texts": passage_texts(plan.drafter, semantic),
+            "semantic_questions": question_parts(text[slice(*plan.drafter.char_span(question))]),
+        }
+    if want_semantic:  # what the next question will read as passages, embedded now
+        after = evidence_passages(
+            plan.drafter,
+            plan.n_tokens,
+            pinned,
+            max_tokens=config.semantic_passage_tokens,
+            begin=question.end,
         )
-        if passages:
-            out |= {"likelihood_passages": passages, "likelihood_question": question}
-    if want_semantic or want_projection:
-        question = evidence_question(plan, SEMANTIC_QUESTION_TOKENS) or question
-        end = min(question.begin, plan.query.begin)
-        semantic = evidence_passages(
-            plan.drafter, end, pinned, max_tokens=config.semantic_passage_tokens
-        )
-        if semantic and want_projection:
-            out |= {"projection_passages": semantic, "projection_question": question}
-        if semantic and want_semantic:
-            text = plan.drafter.text
-            out |= {
-                "semantic_passages": semantic,
-                "semantic_texts": passage_texts(plan.drafter, semantic),
-                "semantic_questions": question_parts(
-                    text[slice(*plan.drafter.char_span(question))]
-                ),
-            }
-        if want_semantic:  # what the next question will read as passages, embedded now
-            after = evidence_passages(
-                plan.drafter,
-                plan.n_tokens,
-                pinned,
-                max_tokens=config.semantic_passage_tokens,
-                begin=question.end,
-            )
-            if after:
-                out["semantic_prefetch"] = passage_texts(plan.drafter, after)
+        if after:
+            out["semantic_prefetch"] = passage_texts(plan.drafter, after)
     return out
 
 
@@ -312,16 +300,6 @@ def passage_signals(
     scores take each passage's best question part; every signal then lifts the header of
     the code block a passage sits in (`lift_code_headers`)."""
     asked = []
-    if req.likelihood_passages:
-        asked.append(
-            (
-                "likelihood",
-                req.likelihood_passages,
-                scores.likelihood,
-                (len(req.likelihood_passages),),
-                config.select_likelihood_weight,
-            )
-        )
     if req.semantic_texts:
         shape = (len(req.semantic_questions), len(req.semantic_passages))
         asked.append(
@@ -497,8 +475,6 @@ def recalled_evidence(signals: Sequence[PassageSignal], kept: Sequence[Span]) ->
 def evidence_stats(scores: ScoreResult) -> dict[str, Any]:
     """`usage.timings.pflash` fields of the passage signals the drafter computed."""
     keys = (
-        "likelihood_passages",
-        "likelihood_ms",
         "semantic_passages",
         "semantic_ms",
         "semantic_reused",

@@ -118,7 +118,7 @@ class Compressed:
       they measure the same thing.
     - `lexical_spans`: kept units that share rare words with the question (lexical
       evidence); `evidence_spans`: the kept parts of the passages the evidence signals
-      (semantic, likelihood, projection) rank best for it; recall brings both back like
+      (semantic, projection) rank best for it; recall brings both back like
       high-lift candidates.
     - `budget_ratio`: r0, the keep ratio over droppable tokens the budget was sized with
       (configured, curve, adaptive or the request's `pflash_keep_ratio`, after the cap that
@@ -389,7 +389,6 @@ def finish(
             plan.drafter.ids,
             spans,
             paragraph_join=config.select_paragraph_join,
-            cut_marker=config.assembly_cut_marker,
             prompt=plan.drafter,
         )
         return _Attempt(asm, sel, token_budget, pool, promoted)

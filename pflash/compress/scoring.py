@@ -25,11 +25,9 @@ class ScoreRequest:
     - `scorer`: "head" (attention mass), "legacy" (tail running max + pooling) or "split".
     - `session_key`: conversation key for drafter session reuse (None = score from scratch).
     - `want_tap`: also return the hidden states at the probe tap (for the segment probe).
-    - `likelihood_passages`: passages to score by how much each raises the likelihood of
-      the `likelihood_question` tokens (`pflash.compress.passage_evidence`); empty = none.
     - `semantic_texts`: passage texts to score by the sentence embedder's cosine to each of
       `semantic_questions` (the question, then each of its sentences when it has several;
-      the same module); empty = none asked. `semantic_passages`: their spans, for the
+      `pflash.compress.passage_evidence`); empty = none asked. `semantic_passages`: their spans, for the
       pipeline that mixes the scores (the drafter reads the texts).
     - `projection_passages`: passages to score by the tap projection's cosine to the
       `projection_question` rows (`pflash.models.projection`); empty = none asked.
@@ -45,8 +43,6 @@ class ScoreRequest:
     scorer: str = "head"
     session_key: str | None = None
     want_tap: bool = False
-    likelihood_passages: tuple[Span, ...] = ()
-    likelihood_question: Span | None = None
     semantic_passages: tuple[Span, ...] = ()
     semantic_texts: tuple[str, ...] = ()
     semantic_questions: tuple[str, ...] = ()
@@ -63,8 +59,6 @@ class ScoreResult:
       on masked keys. None when only the legacy scorer ran.
     - `legacy`: legacy smoothed running-max scores, float32 [S] (legacy and split scorers).
     - `tap`: hidden states entering the scoring layer, float32 [S, hidden] (when asked).
-    - `likelihood`: per asked passage, the gain in mean log-probability of the question's
-      tokens (nats per token), float32 [len(likelihood_passages)]; None when none was asked.
     - `semantic`: per question and asked text, the cosine of their embeddings, float32
       [len(semantic_questions), len(semantic_texts)]; None when none was asked.
     - `projection`: per asked projection passage, the tap projection's cosine to the
@@ -80,7 +74,6 @@ class ScoreResult:
     scorer_new_tokens: int = 0
     scorer_forward_ms: float = 0.0
     extras: dict = field(default_factory=dict)
-    likelihood: np.ndarray | None = None
     semantic: np.ndarray | None = None
     projection: np.ndarray | None = None
 

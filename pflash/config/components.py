@@ -159,21 +159,9 @@ class SelectionConfig(Component):
         "distance",
         description="Rank candidates by attention lift over a position prior (`distance`: the median mass at the same distance from the query), so the attention sink and the recency band do not crowd out the context.",
     )
-    select_likelihood_weight: float = Field(
-        0.0,
-        ge=0,
-        le=1,
-        description="Likelihood evidence: the drafter reads each passage before the question, then the question, and scores the passage by how much it raises the question's log-likelihood (a full drafter forward over every passage, ~2-3x the compression time); mixed with attention as (1-w)*attention + w*likelihood. 0 = off, 1 = likelihood alone.",
-    )
-    likelihood_passage_tokens: int = Field(
-        96,
-        ge=8,
-        le=2048,
-        description="Likelihood evidence: longest passage in drafter tokens (cut at sentence and line starts).",
-    )
     select_semantic_weight: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field(
         "auto",
-        description="Semantic evidence: a sentence embedder (semantic_embedder) scores each passage before the question by its cosine to the question (each part of a multi-part question); mixed with attention like select_likelihood_weight (the weights sum to at most 1). Lexical evidence the question names is still kept first (text sharing only plain words with it competes by score). auto (the default) = what select_likelihood_weight and select_projection_weight leave of 1, shared half and half with the tap projection where it applies (BENCHMARKS.md); 0 = off (no embedder loaded).",
+        description="Semantic evidence: a sentence embedder (semantic_embedder) scores each passage before the question by its cosine to the question (each part of a multi-part question); mixed with attention as (1 - w) * attention + w * semantic (with the projection's weight, the weights sum to at most 1). Lexical evidence the question names is still kept first (text sharing only plain words with it competes by score). auto (the default) = what select_projection_weight leaves of 1: half where the tap projection applies, else all of it; 0 = off (no embedder loaded).",
     )
     semantic_passage_tokens: int = Field(
         24,
@@ -183,22 +171,18 @@ class SelectionConfig(Component):
     )
     select_projection_weight: Annotated[float, Field(ge=0, le=1)] | Literal["auto"] = Field(
         "auto",
-        description="Tap-projection evidence: the learned projection of the drafter's tap (projection_gguf) scores each semantic passage by the cosine of its pooled rows to the question's; mixed like select_semantic_weight (the weights sum to at most 1). Reuses the drafter pass: no second model. auto (the default) = half of what select_likelihood_weight leaves where a shipped projection fits the drafter and its scoring layer (embedded:smollm2-135m at layer 8, strict selection) and select_semantic_weight is auto, else 0; 0 = off.",
+        description="Tap-projection evidence: the learned projection of the drafter's tap (projection_gguf) scores each semantic passage by the cosine of its pooled rows to the question's; mixed like select_semantic_weight (the weights sum to at most 1). Reuses the drafter pass: no second model. auto (the default) = 0.5 where a shipped projection fits the drafter and its scoring layer (embedded:smollm2-135m at layer 8, strict selection) and select_semantic_weight is auto, else 0; 0 = off.",
     )
     select_entity_feedback: bool = Field(
         True,
-        description="With passage evidence (likelihood, semantic or projection), lift to just below the best passage every passage naming the entity whose passages score best together (a name: a capitalised word never written in lower case, in 3+ passages): a question about one entity that does not name it finds the entity's other facts. On by default (BENCHMARKS.md: 97% of the bench families' evidence with passage cuts, against 78% without); false = every passage keeps its own score.",
+        description="With passage evidence (semantic or projection), lift to just below the best passage every passage naming the entity whose passages score best together (a name: a capitalised word never written in lower case, in 3+ passages): a question about one entity that does not name it finds the entity's other facts. On by default (BENCHMARKS.md: 97% of the bench families' evidence with passage cuts, against 78% without); false = every passage keeps its own score.",
     )
     select_passage_cuts: bool = Field(
         True,
-        description="With passage evidence (likelihood, semantic or projection), cut the candidates at the evidence's passage bounds and rank them by density, so a passage is chosen by its own score and not by the chunk or segment it shares with other passages; the parts of a sentence longer than a passage score its best part. On by default (with entity feedback, BENCHMARKS.md); false = candidates stay the chunks or segments, ranked by select_score.",
+        description="With passage evidence (semantic or projection), cut the candidates at the evidence's passage bounds and rank them by density, so a passage is chosen by its own score and not by the chunk or segment it shares with other passages; the parts of a sentence longer than a passage score its best part. On by default (with entity feedback, BENCHMARKS.md); false = candidates stay the chunks or segments, ranked by select_score.",
     )
     select_paragraph_join: bool = Field(
         True, description="Insert paragraph breaks between non-adjacent kept runs."
-    )
-    assembly_cut_marker: bool = Field(
-        False,
-        description='Assembly experiment: write "\\n[...]\\n" at cuts (paid inside the budget).',
     )
 
     # --- chat parsing, pins, history queries (reference §5.3-§5.6)
@@ -429,17 +413,6 @@ class ScoringConfig(Component):
     projection_gguf: str | None = Field(
         "auto",
         description="Tap projection GGUF for select_projection_weight, bound to the drafter file by sha256; `embedded` = the projection shipped for embedded:smollm2-135m at layer 8 (pflash projection train reproduces it); auto = `embedded` for that drafter, else none; any other value is a path. Read only when select_projection_weight > 0.",
-    )
-
-    # --- look-ahead queries
-    drafter_lookahead_tokens: int = Field(
-        0,
-        ge=0,
-        le=64,
-        description="Look-ahead queries: the drafter greedily decodes this many answer tokens (a full drafter forward) and their attention rows join the query windows; 0 = off.",
-    )
-    drafter_lookahead_weight: float = Field(
-        1.0, gt=0, le=16, description="Weight of the look-ahead window in the mass mix."
     )
 
 

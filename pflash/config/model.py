@@ -58,6 +58,26 @@ REMOVED_KEYS: dict[str, str] = {
     "select_container_header_max": (
         "select_container_header_max was removed (nothing read it): delete the key"
     ),
+    "select_likelihood_weight": (
+        "select_likelihood_weight was removed (question likelihood moved retention little at "
+        "3-4x the compression time; docs/BENCHMARK_NOTEBOOK.md): delete the key; "
+        "select_semantic_weight is the passage evidence that pays"
+    ),
+    "likelihood_passage_tokens": (
+        "likelihood_passage_tokens was removed with question-likelihood evidence: delete the "
+        "key; semantic_passage_tokens sizes the passages the embedder reads"
+    ),
+    "drafter_lookahead_tokens": (
+        "drafter_lookahead_tokens was removed (look-ahead drafts kept nothing more at "
+        "1.8-5.9x the compression time; docs/BENCHMARK_NOTEBOOK.md): delete the key"
+    ),
+    "drafter_lookahead_weight": (
+        "drafter_lookahead_weight was removed with look-ahead drafts: delete the key"
+    ),
+    "assembly_cut_marker": (
+        "assembly_cut_marker was removed (an assembly experiment no measurement kept): "
+        "delete the key; select_paragraph_join still separates non-adjacent kept runs"
+    ),
 }
 """Keys that were once accepted -> what to do instead (an error, never silently ignored)."""
 
@@ -65,23 +85,21 @@ P = TypeVar("P", bound=BaseModel)
 
 
 def evidence_weights(
-    likelihood: float,
     semantic: float | str,
     projection: float | str,
     *,
     projection_fits: bool,
 ) -> dict[str, float]:
-    """The passage-evidence weights with `auto` resolved. What likelihood evidence leaves of
-    1 goes to the sentence embedder, shared half and half with the tap projection where a
-    shipped projection fits the drafter's scoring layer: together they found more evidence
-    than either alone on fresh seeds (BENCHMARKS.md). A weight the operator set
-    stays as set; an explicit semantic weight keeps an `auto` projection off, so a config
-    written before the projection existed means what it meant."""
-    rest = max(0.0, 1.0 - likelihood)
+    """The passage-evidence weights with `auto` resolved: the sentence embedder, sharing half
+    and half with the tap projection where a shipped projection fits the drafter's scoring
+    layer: together they found more evidence than either alone on fresh seeds
+    (docs/BENCHMARK_NOTEBOOK.md). A weight the operator set stays as set; an explicit
+    semantic weight keeps an `auto` projection off, so a config written before the
+    projection existed means what it meant."""
     if projection == "auto":
-        projection = rest / 2 if projection_fits and semantic == "auto" else 0.0
+        projection = 0.5 if projection_fits and semantic == "auto" else 0.0
     if semantic == "auto":
-        semantic = max(0.0, rest - projection)
+        semantic = max(0.0, 1.0 - projection)
     return {
         "select_semantic_weight": round(float(semantic), 6),
         "select_projection_weight": round(float(projection), 6),
@@ -127,7 +145,6 @@ class PFlashConfig(ComponentSet):
         projection = "embedded" if s.projection_gguf == "auto" else s.projection_gguf
         fits = embedded and layer in EMBEDDED_PROJECTION_LAYERS and projection == "embedded"
         resolved |= evidence_weights(
-            sel.select_likelihood_weight,
             sel.select_semantic_weight,
             sel.select_projection_weight,
             projection_fits=fits,
@@ -153,14 +170,9 @@ class PFlashConfig(ComponentSet):
             refusal = embedded_refusal(kind, getattr(self, artefact.field), self.drafter)
             if refusal:
                 raise ValueError(f"{artefact.field}: {refusal}")
-        evidence = (
-            self.select_likelihood_weight
-            + self.select_semantic_weight
-            + self.select_projection_weight
-        )
-        if evidence > 1 + 1e-6:
+        if self.select_semantic_weight + self.select_projection_weight > 1 + 1e-6:
             raise ValueError(
-                "select_semantic_weight: select_likelihood_weight + select_semantic_weight + select_projection_weight must not exceed 1 (leave select_semantic_weight auto to give it what the others leave)"
+                "select_semantic_weight: select_semantic_weight + select_projection_weight must not exceed 1 (leave select_semantic_weight auto to give it what the projection leaves)"
             )
         if self.select_projection_weight > 0 and not self.projection_gguf:
             raise ValueError(

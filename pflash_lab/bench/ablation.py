@@ -50,8 +50,6 @@ DRAFTER_KEYS = (
     "drafter_block_tokens",
     "drafter_top_blocks",
     "drafter_head_layer",
-    "drafter_lookahead_tokens",
-    "drafter_lookahead_weight",
     "drafter_calibration",
     "scoring_head_gguf",
     "select_scorer",

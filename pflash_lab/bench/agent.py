@@ -18,7 +18,7 @@ conversation, and with `pflash_mode: off` in another conversation (its own first
 the full path has its own warm prefix cache in the target, as an agent's provider would.
 TTFT is the time to the first content or tool-call delta at the client. Per step the
 PFlash call's `usage.timings.pflash` is kept whole and split by stage (planning, drafter
-forward, likelihood / sentence embedder / tap projection passes, selection, the drafter's
+forward, sentence embedder / tap projection passes, selection, the drafter's
 queue and transfer), with the view outcome (mode, reused, delta, recalled, served tokens).
 At every step the served prompt is checked for each planted line whose tool output the
 conversation holds (whole line present = kept); question steps report it for the fact they
@@ -52,7 +52,6 @@ BIG_SPEC = "24:1536:5632"  # ~840M parameters with the SmolLM2 vocabulary
 STAGES = (
     "plan_ms",
     "scorer_forward_ms",
-    "likelihood_ms",
     "semantic_ms",
     "projection_ms",
     "select_ms",
@@ -280,13 +279,13 @@ class Caller:
 
 def stages(p: dict) -> dict:
     """`usage.timings.pflash` split by stage (ms); the queue is what compress_ms leaves.
-    `drafter_ms` is the drafter's own forward (scorer_forward_ms without the likelihood,
+    `drafter_ms` is the drafter's own forward (scorer_forward_ms without the
     embedder and projection passes it carries); `overhead_ms` = compress_ms - drafter_ms,
     what a step costs beyond the drafter reading its new tokens."""
     out = {k: p.get(k, 0.0) for k in STAGES}
     out["compress_ms"] = p.get("compress_ms", 0.0)
     out["queue_ms"] = max(0.0, out["compress_ms"] - out["scorer_forward_ms"] - out["select_ms"])
-    passes = out["likelihood_ms"] + out["semantic_ms"] + out["projection_ms"]
+    passes = out["semantic_ms"] + out["projection_ms"]
     out["drafter_ms"] = max(0.0, out["scorer_forward_ms"] - passes)
     out["overhead_ms"] = max(0.0, out["compress_ms"] - out["drafter_ms"])
     return out
@@ -439,9 +438,9 @@ def summary(rows: list[dict]) -> str:
 def step_table(rows: list[dict]) -> str:
     lines = [
         "| length | step | kind | prompt | added | served | TTFT PFlash | TTFT full | ratio |"
-        " compress | plan | drafter | likelihood | embedder | projection | select | queue |"
+        " compress | plan | drafter | embedder | projection | select | queue |"
         " view | reused / delta / recalled | evidence |",
-        "|" + "---|" * 20,
+        "|" + "---|" * 19,
     ]
     for r in rows:
         if r["ttft_full_ms"] is None:  # --pflash-only
@@ -457,7 +456,7 @@ def step_table(rows: list[dict]) -> str:
             f" {r['added_tokens']:,} | {r['served_tokens'] or 0:,} |"
             f" {r['ttft_pflash_ms']:.0f} ms | {r['ttft_full_ms']:.0f} ms | {r['ratio']:.2f}× |"
             f" {r['compress_ms']:.0f} | {r['plan_ms']:.0f} | {r['scorer_forward_ms']:.0f} |"
-            f" {r['likelihood_ms']:.0f} | {r['semantic_ms']:.0f} | {r['projection_ms']:.0f} |"
+            f" {r['semantic_ms']:.0f} | {r['projection_ms']:.0f} |"
             f" {r['select_ms']:.0f} | {r['queue_ms']:.0f} | {r['view']} |"
             f" {r['reused_tokens']} / {r['delta_tokens']} / {r['recalled_tokens']} | {evidence} |"
         )

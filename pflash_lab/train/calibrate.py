@@ -27,15 +27,11 @@ Stages, top-down:
    mean at the profile default layer and with the calibrated layer and weights.
 
 Token indices are drafter tokens; spans are half-open.
-
-`python -m pflash_lab.train.calibrate lookahead` measures look-ahead queries (§3.6) against none on
-~2K-token needle prompts: scoring time and the needle chunk's rank (a report, not a test).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from dataclasses import dataclass
@@ -61,7 +57,6 @@ from pflash_lab.corpus.needles import (
     SYSTEM,
     NeedlePrompt,
     encode_with_positions,
-    needle_rank,
 )
 
 FAMILIES = ("single_needle", "multi_key", "fact")
@@ -466,69 +461,6 @@ def run_calibrate(args) -> int:
 
 
 # --------------------------------------------------------------------------- look-ahead report
-
-
-def lookahead_report(
-    drafter: str, *, k: int = 8, n: int = 4, tokens: int = 2048, calibration: str | None = None
-) -> list[dict]:
-    """Needle chunk rank and scoring time with and without `k` look-ahead tokens on `n`
-    needle prompts (`needle_prompt`, ~`tokens` drafter tokens). Prints one JSON line each."""
-    from pflash.compress.scoring import ScoreRequest
-    from pflash.config import UNTUNED_SCORING, build_config
-    from pflash.models.drafter.scorer import DrafterScorer
-    from pflash.models.source import load_tokenizer
-    from pflash_lab.corpus.needles import needle_prompt
-
-    tokenizer = load_tokenizer(drafter)
-    base = {
-        **UNTUNED_SCORING,
-        "drafter": drafter,
-        "drafter_sessions": 0,
-        "drafter_calibration": calibration,
-    }
-    plain = DrafterScorer(build_config(base, env={}))
-    ahead = DrafterScorer(
-        build_config(base | {"drafter_lookahead_tokens": k}, env={}), plain.loaded
-    )
-    rows = []
-    for i, depth in enumerate(np.linspace(0.15, 0.85, n)):
-        p = needle_prompt(tokenizer, tokens, float(depth), needle=i, offset=211 * i + 50)
-        req = ScoreRequest(ids=p.ids, windows=p.windows, query=p.query)
-        row = {"tokens": len(p.ids), "depth": round(float(depth), 2)}
-        for name, scorer in (("plain", plain), (f"lookahead{k}", ahead)):
-            t0 = time.perf_counter()
-            result = scorer(req)
-            rank, chunks = needle_rank(result.mass, p, CHUNK)
-            row[f"{name}_s"] = round(time.perf_counter() - t0, 2)
-            row[f"{name}_rank"] = f"{rank}/{chunks}"
-            if "lookahead_tokens" in result.extras:
-                row["decoded"] = tokenizer.decode(result.extras["lookahead_tokens"])
-                row["lookahead_ms"] = result.extras["lookahead_ms"]
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    return rows
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="look-ahead queries vs none on needle prompts")
-    ap.add_argument("what", choices=["lookahead"])
-    ap.add_argument("--drafter", default="embedded:smollm2-135m")
-    ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--calibration", default=None)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(args.threads)
-    lookahead_report(
-        args.drafter, k=args.k, n=args.prompts, tokens=args.tokens, calibration=args.calibration
-    )
-
-
-if __name__ == "__main__":
-    main()
 
 
 def layer_inputs(model, ids) -> dict:

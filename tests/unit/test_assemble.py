@@ -7,13 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pflash.compress.assemble import (
-    CUT_MARKER,
     EXTRA_CEILING_ATTEMPTS,
     Assembly,
     assemble,
     ceiling_retry_scale,
     clean_excerpt,
-    cut_marker_drafter_tokens,
     fit_ceiling,
     paragraph_join,
     recall_block,
@@ -115,7 +113,6 @@ def test_assembly_round_trip_across_tokenizers(request, drafter_name, target_nam
     assert out.join_overhead > 0
     assert out.ceiling_tokens == len(out.target_ids) - out.join_overhead
     assert out.kept_spans == spans
-    assert out.marker_tokens == 0
 
 
 @pytest.mark.parametrize(("drafter_name", "target_name"), TOKENIZER_PAIRS)
@@ -158,29 +155,6 @@ def test_non_canonical_or_empty_kept_spans_fail_closed(smollm2_tokenizer, spans)
     with pytest.raises(CompressionFailed) as err:
         assemble(smollm2_tokenizer, smollm2_tokenizer, ids, spans, paragraph_join=True)
     assert err.value.stage == "assembly"
-
-
-def test_cut_marker_goes_between_runs_and_counts_against_the_ceiling(
-    smollm2_tokenizer, bpe_tokenizer
-):
-    ids = encode_as_written_with_offsets(bpe_tokenizer, CHAT).ids
-    spans = kept_runs(len(ids))
-    out = assemble(
-        bpe_tokenizer, smollm2_tokenizer, ids, spans, paragraph_join=True, cut_marker=True
-    )
-    plain = decode_ids(bpe_tokenizer, [i for s in spans for i in ids[s.begin : s.end]])
-    assert out.text == CUT_MARKER.join(out.run_texts)
-    assert out.text.count("[...]") == 2
-    assert out.join_overhead == 0
-    expected = target_len(smollm2_tokenizer, out.text) - target_len(smollm2_tokenizer, plain)
-    assert out.marker_tokens == expected > 0
-    assert out.ceiling_tokens == len(out.target_ids)
-
-
-def test_cut_marker_drafter_cost_is_the_marker_encoding(bpe_tokenizer, smollm2_tokenizer):
-    for tok in (bpe_tokenizer, smollm2_tokenizer):
-        expected = len(tok(CUT_MARKER, add_special_tokens=False)["input_ids"])
-        assert cut_marker_drafter_tokens(tok) == expected >= 3
 
 
 @pytest.mark.parametrize("key", ["select_container_headers", "select_container_header_max"])

@@ -23,10 +23,10 @@ from pflash_lab.corpus.families import generate
 
 
 def test_variant_values_are_read_as_yaml():
-    v = parse_variant("la:drafter_lookahead_tokens=8,select_lexical=cascade,scoring_head_gguf=null")
+    v = parse_variant("la:drafter_head_layer=17,select_lexical=cascade,scoring_head_gguf=null")
     assert v.name == "la"
     assert v.settings == {
-        "drafter_lookahead_tokens": 8,
+        "drafter_head_layer": 17,
         "select_lexical": "cascade",
         "scoring_head_gguf": None,
     }
@@ -40,7 +40,7 @@ def test_variant_values_are_read_as_yaml():
 def test_selection_only_variants_share_a_drafter_pass_and_drafter_changes_do_not():
     base = {"select_lexical": "off"}
     a, b = variant("a", select_lexical="cascade"), variant("b", select_position_prior="distance")
-    c = variant("c", drafter_lookahead_tokens=8)
+    c = variant("c", drafter_head_layer=17)
     assert a.drafter_key(base) == b.drafter_key(base)
     assert c.drafter_key(base) != a.drafter_key(base)
     for key, value in (("drafter_attention", "window"), ("drafter_window_tokens", 512)):

@@ -226,15 +226,12 @@ LAYOUT = {
         "select_scorer": "head",
         "select_split": 0.5,
         "select_position_prior": "distance",
-        "select_likelihood_weight": 0.0,
-        "likelihood_passage_tokens": 96,
         "select_semantic_weight": 0.5,  # auto: the embedder and the tap projection, half each
         "semantic_passage_tokens": 24,
         "select_projection_weight": 0.5,
         "select_entity_feedback": True,
         "select_passage_cuts": True,
         "select_paragraph_join": True,
-        "assembly_cut_marker": False,
         "chat_skeleton_tokens": 256,
         "system_documents": "compress",
         "system_passage_chars": 1000,
@@ -291,8 +288,6 @@ LAYOUT = {
         "semantic_embedder": "embedded:all-minilm-l6-v2",
         "semantic_embedder_dtype": "auto",
         "projection_gguf": "embedded",
-        "drafter_lookahead_tokens": 0,
-        "drafter_lookahead_weight": 1.0,
     },
     "generation": {
         "target": "embedded:smollm2-135m",
@@ -365,15 +360,12 @@ SAMPLES = [
     ("select_scorer", "split", "split", "split"),
     ("select_split", 0.25, "0.25", 0.25),
     ("select_position_prior", False, "off", "off"),
-    ("select_likelihood_weight", 0.5, "0.5", 0.5),
-    ("likelihood_passage_tokens", 48, "48", 48),
     ("select_semantic_weight", 0.25, "0.25", 0.25),
     ("semantic_passage_tokens", 32, "32", 32),
     ("select_projection_weight", 0.25, "0.25", 0.25),
     ("select_entity_feedback", False, "false", False),
     ("select_passage_cuts", False, "0", False),
     ("select_paragraph_join", False, "0", False),
-    ("assembly_cut_marker", True, "1", True),
     ("chat_skeleton_tokens", 128, "128", 128),
     ("system_documents", "keep", "keep", "keep"),
     ("system_passage_chars", 500, "500", 500),
@@ -424,8 +416,6 @@ SAMPLES = [
     ("semantic_embedder", "/models/minilm", "/models/minilm", "/models/minilm"),
     ("semantic_embedder_dtype", "float32", "float32", "float32"),
     ("projection_gguf", "/models/p.gguf", "/models/p.gguf", "/models/p.gguf"),
-    ("drafter_lookahead_tokens", 4, "4", 4),
-    ("drafter_lookahead_weight", 0.5, "0.5", 0.5),
     ("target", "/models/t", "/models/t", "/models/t"),
     ("target_tokenizer", "/models/tt", "/models/tt", "/models/tt"),
     ("target_backend", "openai", "openai", "openai"),
@@ -459,7 +449,6 @@ SAMPLES = [
 ]
 NEEDS = {  # the cross-field checks
     "target_backend": {"upstream_base_url": "http://u:8001/v1"},
-    "select_likelihood_weight": {"select_semantic_weight": 0.0},  # the weights sum to <= 1
     "select_projection_weight": {"select_semantic_weight": 0.0},
 }
 
@@ -836,7 +825,6 @@ QWEN_DRAFTER = "/models/qwen3-0.6b/Qwen3-0.6B-Q8_0.gguf"
         ({"select_mode": "legacy"}, 1.0, 0.0),  # no layer-8 tap without strict selection
         ({"drafter_calibration": "embedded"}, 1.0, 0.0),  # a calibration picks the layer
         ({"drafter": QWEN_DRAFTER}, 1.0, 0.0),
-        ({"select_likelihood_weight": 0.4}, 0.3, 0.3),  # likelihood takes its share first
         ({"select_semantic_weight": 1.0}, 1.0, 0.0),  # a set embedder weight keeps auto off
         ({"select_semantic_weight": 0.0}, 0.0, 0.0),  # attention alone, as before
         ({"select_projection_weight": 0.8}, 0.2, 0.8),  # the embedder gets the rest
@@ -852,9 +840,9 @@ def test_auto_evidence_weights_mix_embedder_and_projection_only_where_one_ships(
 
 
 def test_auto_weights_are_written_out_resolved_and_rebuild_the_same_config():
-    cfg = build_config({"select_likelihood_weight": 0.3}, env={})
+    cfg = build_config({"drafter_head_layer": 17}, env={})
     small = cfg.model_dump(mode="json", exclude_defaults=True)
-    assert (small["select_semantic_weight"], small["select_projection_weight"]) == (0.35, 0.35)
+    assert (small["select_semantic_weight"], small["select_projection_weight"]) == (1.0, 0.0)
     assert build_config(small, env={}) == cfg
     from_env = build_config(env={"PFLASH_SELECT_PROJECTION_WEIGHT": "auto"})
     assert from_env == build_config(env={})

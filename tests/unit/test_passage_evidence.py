@@ -1,8 +1,8 @@
-"""Likelihood evidence in strict selection (pflash/compress/passage_evidence.py).
+"""Passage evidence in strict selection (pflash/compress/passage_evidence.py).
 
 The pure steps on real drafter text (passages, the question, the mix), then the product flow
-with deterministic scorers that stand in for the drafter's two signals: attention on a decoy
-and likelihood gain on the passage holding the evidence. What is asserted is the pipeline's
+with deterministic scorers that stand in for the drafter's signals: attention on a decoy and
+a passage signal (semantic or projection) on the passage holding the evidence. What is asserted is the pipeline's
 own work: what it asks the drafter for, how it mixes, and that it fails closed.
 """
 
@@ -255,9 +255,8 @@ def test_the_embedder_reads_a_body_piece_after_its_def_line(smollm2_tokenizer):
 # ------------------------------------------------------------------------- the flow
 
 
-def _decoy_and_likelihood(decoy: str, gain_on: str | None = EVIDENCE, likelihood="per_passage"):
-    """Attention on `decoy` (more text than the budget); gain 1 on passages holding
-    `gain_on`, 0 elsewhere. `likelihood` may break the reply: None or a wrong length."""
+def _decoy(decoy: str):
+    """Attention on `decoy` (more text than the budget), next to nothing elsewhere."""
 
     def scorer(req, drafter):
         begin = drafter.text.index(decoy)
@@ -266,19 +265,7 @@ def _decoy_and_likelihood(decoy: str, gain_on: str | None = EVIDENCE, likelihood
             if b < begin + len(decoy) and e > begin:
                 mass[i] = 1.0
         mass[req.query.begin :] = 0.0
-        gains = None
-        if likelihood == "per_passage":
-            ev = drafter.text.index(gain_on) if gain_on else -1
-            gains = np.array(
-                [
-                    float(drafter.char_span(p)[0] <= ev < drafter.char_span(p)[1])
-                    for p in req.likelihood_passages
-                ],
-                dtype=np.float32,
-            )
-        elif likelihood == "short":
-            gains = np.zeros(max(0, len(req.likelihood_passages) - 1), dtype=np.float32)
-        return ScoreResult(mass=mass / mass.sum(), likelihood=gains)
+        return ScoreResult(mass=mass / mass.sum())
 
     return scorer
 
@@ -304,58 +291,31 @@ def _compress(tokenizer, cfg, scorer, content: str | None = None):
     return out, asked[0]
 
 
-def test_likelihood_off_asks_nothing_and_attention_keeps_the_decoy(smollm2_tokenizer):
+def test_evidence_off_asks_nothing_and_attention_keeps_the_decoy(smollm2_tokenizer):
     decoy = _content()[:3000]
-    out, req = _compress(smollm2_tokenizer, build_config(CFG, env={}), _decoy_and_likelihood(decoy))
-    assert req.likelihood_passages == () and req.likelihood_question is None
+    out, req = _compress(smollm2_tokenizer, build_config(CFG, env={}), _decoy(decoy))
+    assert req.semantic_passages == () and req.projection_passages == ()
     assert EVIDENCE not in out.served_text
-
-
-@pytest.mark.parametrize("weight", [1.0, 0.5])
-def test_likelihood_keeps_the_passage_that_makes_the_question_likelier(smollm2_tokenizer, weight):
-    decoy = _content()[:3000]
-    cfg = build_config({**CFG, "select_likelihood_weight": weight}, env={})
-    out, req = _compress(smollm2_tokenizer, cfg, _decoy_and_likelihood(decoy))
-    assert len(req.likelihood_passages) > 10 and len(req.likelihood_question) >= 2
-    assert EVIDENCE in out.served_text
-    assert out.served_text.endswith(QUESTION + "<|im_end|>\n<|im_start|>assistant\n")
-    assert len(out.served_ids) <= 0.2 * len(req.ids)
-
-
-@pytest.mark.parametrize(
-    ("likelihood", "message"),
-    [(None, "none returned"), ("short", "returned"), ("nan", "non-finite")],
-)
-def test_a_missing_or_bad_likelihood_reply_fails_closed(smollm2_tokenizer, likelihood, message):
-    decoy = _content()[:3000]
-    cfg = build_config({**CFG, "select_likelihood_weight": 1.0}, env={})
-    scorer = _decoy_and_likelihood(decoy, likelihood=likelihood)
-    if likelihood == "nan":
-        base = _decoy_and_likelihood(decoy)
-
-        def scorer(req, drafter):
-            r = base(req, drafter)
-            r.likelihood[0] = np.nan
-            return r
-
-    with pytest.raises(CompressionFailed, match=message) as err:
-        _compress(smollm2_tokenizer, cfg, scorer)
-    assert err.value.stage == "drafter"
 
 
 def _decoy_and_semantic(decoy: str, semantic="per_text"):
     """Attention on `decoy`; cosine 0.9 for the passage text holding the evidence's first
-    words, 0.1 for the others (or no reply)."""
+    words, 0.1 for the others; `semantic` may break the reply: None (no reply), "short" (one
+    passage missing) or "nan" (a non-finite cosine)."""
 
     def scorer(req, drafter):
-        base = _decoy_and_likelihood(decoy, likelihood=None)(req, drafter)
-        if semantic != "per_text":
+        base = _decoy(decoy)(req, drafter)
+        if semantic is None:
             return base
         sims = np.array(
             [[0.9 if "Sorvux" in t else 0.1 for t in req.semantic_texts]]
             * len(req.semantic_questions),
             dtype=np.float32,
         )
+        if semantic == "short":
+            sims = sims[:, 1:]
+        elif semantic == "nan":
+            sims[0, 0] = np.nan
         return ScoreResult(mass=base.mass, semantic=sims)
 
     return scorer
@@ -366,27 +326,23 @@ def test_semantic_evidence_sends_sentence_passages_and_keeps_the_answer(smollm2_
     cfg = build_config({**CFG, "select_semantic_weight": 1.0}, env={})
     out, req = _compress(smollm2_tokenizer, cfg, _decoy_and_semantic(decoy))
     assert req.semantic_questions == (QUESTION,)  # one sentence: the question alone
-    assert req.likelihood_passages == ()  # only what was asked for
+    assert req.projection_passages == ()  # only what was asked for
     assert sum("Sorvux" in t for t in req.semantic_texts) == 1
     assert any(t.strip() == EVIDENCE for t in req.semantic_texts)  # one sentence, one passage
     assert EVIDENCE in out.served_text
     assert out.stats["segments"] > 0
 
 
-def test_a_missing_semantic_reply_fails_closed(smollm2_tokenizer):
+@pytest.mark.parametrize(
+    ("semantic", "message"),
+    [(None, "none returned"), ("short", "returned"), ("nan", "non-finite")],
+)
+def test_a_missing_or_bad_semantic_reply_fails_closed(smollm2_tokenizer, semantic, message):
     cfg = build_config({**CFG, "select_semantic_weight": 0.5}, env={})
-    scorer = _decoy_and_semantic(_content()[:3000], semantic=None)
-    with pytest.raises(CompressionFailed, match="semantic scores of shape") as err:
+    scorer = _decoy_and_semantic(_content()[:3000], semantic=semantic)
+    with pytest.raises(CompressionFailed, match=message) as err:
         _compress(smollm2_tokenizer, cfg, scorer)
     assert err.value.stage == "drafter"
-
-
-def test_evidence_weights_may_not_exceed_one():
-    from pflash.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="select_semantic_weight"):
-        build_config({"select_likelihood_weight": 0.6, "select_semantic_weight": 0.5}, env={})
-    build_config({"select_likelihood_weight": 0.5, "select_semantic_weight": 0.5}, env={})
 
 
 def _decoy_and_projection(decoy: str, projection="per_passage"):
@@ -394,7 +350,7 @@ def _decoy_and_projection(decoy: str, projection="per_passage"):
     first words, 0.1 for the others (or no reply, or one value short)."""
 
     def scorer(req, drafter):
-        base = _decoy_and_likelihood(decoy, likelihood=None)(req, drafter)
+        base = _decoy(decoy)(req, drafter)
         texts = [drafter.text[slice(*drafter.char_span(p))] for p in req.projection_passages]
         sims = np.array([0.9 if "Sorvux" in t else 0.1 for t in texts], dtype=np.float32)
         if projection is None:
@@ -419,7 +375,7 @@ def test_projection_evidence_asks_for_passages_and_the_question_and_keeps_the_an
     )
     question = drafter.text[slice(*drafter.char_span(req.projection_question))]
     assert question.strip() == QUESTION
-    assert req.semantic_texts == () and req.likelihood_passages == ()  # only what was asked
+    assert req.semantic_texts == ()  # only what was asked
     assert len(req.projection_passages) > 20
     assert all(p.end <= req.projection_question.begin for p in req.projection_passages)
     assert EVIDENCE in out.served_text
@@ -436,7 +392,7 @@ def test_a_missing_or_short_projection_reply_fails_closed(smollm2_tokenizer, pro
     assert err.value.stage == "drafter" and "projection" in err.value.message
 
 
-def test_three_evidence_weights_may_not_exceed_one_together():
+def test_the_evidence_weights_may_not_exceed_one_together():
     from pflash.errors import ConfigError
 
     with pytest.raises(ConfigError, match="select_projection_weight"):
@@ -449,7 +405,7 @@ def _many_near_misses(decoy: str):
     budget), 0.1 elsewhere: many passages nearly as good as the one that answers."""
 
     def scorer(req, drafter):
-        base = _decoy_and_likelihood(decoy, likelihood=None)(req, drafter)
+        base = _decoy(decoy)(req, drafter)
         near = {t for t in req.semantic_texts if t.strip() and t.strip() in decoy}
         sims = [0.9 if "Sorvux" in t else 0.7 if t in near else 0.1 for t in req.semantic_texts]
         return ScoreResult(mass=base.mass, semantic=np.array([sims], dtype=np.float32))
@@ -491,7 +447,7 @@ def _one_fact_found(decoy: str):
     misses of `decoy` (0.45 against 0.7), 0.1 elsewhere."""
 
     def scorer(req, drafter):
-        base = _decoy_and_likelihood(decoy, likelihood=None)(req, drafter)
+        base = _decoy(decoy)(req, drafter)
         sims = [
             0.9
             if "revenue" in t
@@ -604,7 +560,6 @@ def _entity_signals(tokenizer, semantic_weight: float):
         env={},
     )
     req = SimpleNamespace(
-        likelihood_passages=(),
         semantic_passages=passages if semantic_weight else (),
         semantic_texts=tuple(texts) if semantic_weight else (),
         semantic_questions=("About the firm: how large is its staff?",),

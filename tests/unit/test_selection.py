@@ -12,7 +12,6 @@ from pflash.compress.segments import fixed_grid, structurally_required
 from pflash.compress.selection import (
     Candidates,
     build_candidates,
-    fit_assembly_overhead,
     kept_spans,
     promote_spans,
     resolve_score_kind,
@@ -437,49 +436,6 @@ def test_top_k_mode_requires_topk_in_config():
         build_config({}, env={"PFLASH_SELECT_MODE": "top_k", "PFLASH_SELECT_TOPK": "3"}).select_topk
         == 3
     )
-
-
-# --------------------------------------------------------------------------- item 23: assembly
-
-
-def test_assembly_experiments_are_off_by_default():
-    config = build_config({}, env={})
-    assert not config.assembly_cut_marker
-
-
-def test_selection_is_unchanged_without_assembly_extras():
-    cands = _four()
-    fit = fit_assembly_overhead(cands, (0, 2), budget=8)
-    assert fit.ordinals == (0, 2)
-    assert fit.dropped == ()
-    assert fit.retained_tokens == 8
-    assert fit.kept == (Span(0, 4), Span(8, 12))
-
-
-def test_cut_markers_are_paid_inside_the_budget():
-    """Two kept runs need one 2-token marker: 8 + 2 > 9, so the lowest-ranked optional
-    candidate (ordinal 2, score 2) is dropped."""
-    cands = _four()
-    fit = fit_assembly_overhead(cands, (0, 2), budget=9, marker_tokens=2)
-    assert fit.ordinals == (0,)
-    assert fit.dropped == (2,)
-    assert fit.cut_markers == 0
-    assert fit.retained_tokens == 4
-
-
-def test_container_headers_are_paid_inside_the_budget_mandatory_never_dropped():
-    cands = Candidates.of([(10, 14), (20, 24), (30, 34)], [0.0, 5.0, 1.0], [True, False, False])
-    extents = (Span(0, 25), Span(25, 40))
-    headers = (Span(0, 3), Span(25, 28))
-    fit = fit_assembly_overhead(
-        cands, (0, 1, 2), budget=15, container_extents=extents, container_headers=headers
-    )
-    # 12 kept + 3 + 3 header tokens = 18 > 15: drop ordinal 2 (its container's header goes too)
-    assert fit.dropped == (2,)
-    assert fit.ordinals == (0, 1)
-    assert fit.header_tokens == 3
-    assert fit.kept == (Span(0, 3), Span(10, 14), Span(20, 24))
-    assert fit.retained_tokens == 11
 
 
 # --------------------------------------------------------------------------- kept spans

@@ -32,9 +32,7 @@ from pflash.compress.selection.legacy import (
     select_legacy,
 )
 from pflash.compress.selection.strict import (
-    AssemblyFit,
     SelectionResult,
-    fit_assembly_overhead,
     kept_spans,
     merge_runs,
     select_candidates,
@@ -58,8 +56,6 @@ __all__ = [
     "select_split",
     "merge_runs",
     "kept_spans",
-    "AssemblyFit",
-    "fit_assembly_overhead",
     "LegacyParams",
     "LegacySelection",
     "legacy_smooth",

@@ -99,32 +99,6 @@ def run_full_chunk(
     return captured["x"][0], out.last_hidden_state[0]
 
 
-def decode_lookahead(
-    model, cache, last_hidden: torch.Tensor, start: int, k: int, *, tap_layer: int
-) -> tuple[list[int], torch.Tensor]:
-    """Greedy-decode `k` tokens after a prompt of `start` tokens whose full forward filled
-    `cache`; return their ids and the hidden states entering `tap_layer` for each, [k, hidden].
-
-    `last_hidden` [hidden] is the final hidden state at the prompt's last token. Token i+1
-    is the argmax of the output head at token i, as `model.generate(do_sample=False)` picks
-    without logits processors. The k-th token is only needed up to the scoring layer, so its
-    step stops there; the cache is spent afterwards (it is never a session's cache).
-    """
-    head = model.get_output_embeddings()
-    tokens, rows = [], []
-    h = last_hidden
-    for i in range(k):
-        tokens.append(int(head(h.unsqueeze(0)).argmax(dim=-1)))
-        tok = torch.tensor(tokens[-1:], dtype=torch.long)
-        if i < k - 1:
-            x, final = run_full_chunk(model, tok, start + i, cache, tap_layer=tap_layer)
-            h = final[-1]
-        else:
-            x = run_trunk_chunk(model, tok, start + i, cache, tap_layer=tap_layer, stop_at_tap=True)
-        rows.append(x)
-    return tokens, torch.cat(rows).float()  # [k, hidden]
-
-
 def chunk_bounds(
     begin: int, end: int, chunk: int, cuts: tuple[int, ...] = ()
 ) -> list[tuple[int, int]]:

@@ -23,8 +23,6 @@ Reading order, top-down (1 in `profile.py`, 2-5 in `attention.py`, 6 here):
    a block), mean over heads and rows (`mean_head_mass`; a calibration from `pflash
    calibrate` makes it a weighted mean over heads and picks the layer,
    `pflash.models.drafter.calibration`); `mix_window_masses` mixes windows by weight.
-   `decode_lookahead`: look-ahead queries (§3.6), k greedily decoded tokens whose
-   scoring-layer rows form one more window (`drafter_lookahead_tokens`; a full forward).
 5. `tail_running_max` / `smooth_in_range`: the legacy tail scorer (§3.1/§3.2): running
    max over layers and heads, mean over the tail rows, in-range smoothing.
 6. `DrafterScorer`: loads once, owns the session table, implements the scorer contract
@@ -34,7 +32,7 @@ Token indices are drafter tokens. Module names are transformers' (q_proj, k_norm
 input_layernorm), so this file reads next to `modeling_qwen3.py` / `modeling_qwen3_5.py`.
 
 Why this module runs past 600 lines: `DrafterScorer` is one object because the head pass,
-the legacy pass, look-ahead and sessions share one loaded model, one cache discipline (dense,
+the legacy pass and sessions share one loaded model, one cache discipline (dense,
 windowed or block-sparse) and one lock; the pure pieces already live in the modules above.
 """
 
@@ -59,7 +57,6 @@ from pflash.models.drafter.attention import (
     NonFiniteScores,
     attention_shape,
     chunk_bounds,
-    decode_lookahead,
     decoder_of,
     head_keys,
     head_queries,
@@ -73,7 +70,6 @@ from pflash.models.drafter.attention import (
 )
 from pflash.models.drafter.block_sparse import BlockSparseSpec, block_sparse_trunk
 from pflash.models.drafter.calibration import Calibration, load_calibration
-from pflash.models.drafter.likelihood import question_likelihood_gain
 from pflash.models.drafter.profile import resolve_profile
 from pflash.models.drafter.scoring_head import (
     HeadIdentity,
@@ -127,7 +123,6 @@ class _Forward:
     tap: list[torch.Tensor] = field(default_factory=list)  # [c, hidden] per chunk
     rows: dict[Span, list[torch.Tensor]] = field(default_factory=dict)  # window rows at layer L
     legacy_q: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # layer -> [n, H, D] NoPE
-    last_hidden: torch.Tensor | None = None  # [hidden] final hidden state at S-1 (full forward)
     checkpoint: object | None = None
     ms: float = 0.0
 
@@ -289,7 +284,7 @@ class DrafterScorer:
 
     def new_trunk_cache(self):
         """The cache of a trunk-only forward (head scorer): windowed when configured; the
-        legacy scorer and look-ahead read every layer's full KV and keep `new_cache`."""
+        legacy scorer reads every layer's full KV and keeps `new_cache`."""
         spec = self.window
         return windowed_cache(self.model, spec) if spec is not None else self.new_cache()
 
@@ -349,8 +344,6 @@ class DrafterScorer:
                 result = self._score_head(req, use_session=use_session)
             else:
                 result = self._score_legacy(req, with_head=req.scorer == "split")
-            if req.likelihood_passages:
-                result = self._with_likelihood(req, result)
             if req.projection_passages:
                 result = self._with_projection(req, result)
                 result = result if asked_tap else replace(result, tap=None)
@@ -415,26 +408,9 @@ class DrafterScorer:
             self._embedder = load_embedder(spec, dtype, device)
         return self._embedder
 
-    def _with_likelihood(self, req: ScoreRequest, result: ScoreResult) -> ScoreResult:
-        """`result` with each asked passage's question-likelihood gain (a full forward over
-        every passage plus the question; never from a session: the question is new)."""
-        t0 = time.perf_counter()
-        try:
-            gain = question_likelihood_gain(
-                self.model, req.ids, req.likelihood_passages, req.likelihood_question
-            )
-        except FloatingPointError as exc:
-            raise NonFiniteScores(f"likelihood: {exc}") from exc
-        ms = (time.perf_counter() - t0) * 1000
-        result.extras["likelihood_ms"] = round(ms, 1)
-        result.extras["likelihood_passages"] = len(req.likelihood_passages)
-        return replace(result, likelihood=gain, scorer_forward_ms=result.scorer_forward_ms + ms)
-
     # ------------------------------------------------------------------ head scorer
     def _score_head(self, req: ScoreRequest, *, use_session: bool) -> ScoreResult:
         """Head mass (§3.3), resuming from the conversation's session when one fits."""
-        if self.config.drafter_lookahead_tokens > 0:
-            return self._score_head_lookahead(req)
         ids = tuple(req.ids)
         key = req.session_key if use_session and self.sessions.capacity > 0 else None
         session = self.sessions.get(key) if key is not None else None
@@ -484,55 +460,10 @@ class DrafterScorer:
             ),
         )
 
-    def _score_head_lookahead(self, req: ScoreRequest) -> ScoreResult:
-        """Head mass with look-ahead queries (SpecPrefill's trick, §3.6).
-
-        One full forward over the prompt (every layer: the documented price of look-ahead)
-        also yields the scoring layer's keys, window rows and tap; then k greedy decode steps
-        (`decode_lookahead`). The decoded tokens' scoring-layer rows form one more query
-        window, weight `drafter_lookahead_weight`, over the prompt's keys that the main
-        window sees (never the decoded tokens themselves).
-
-        Always from scratch: the full forward's cache holds every layer plus the decoded
-        tokens, unlike a session's (layers before the scoring layer, prompt tokens only), so
-        no session is stored and the conversation's session, if any, is left untouched.
-        """
-        ids = tuple(req.ids)
-        k = self.config.drafter_lookahead_tokens
-        cache = self.new_cache()
-        fwd = self._forward(ids, 0, cache, windows=req.windows, want_tap=req.want_tap, full=True)
-        keys = torch.cat(fwd.keys)  # [S, Hk, D]
-        t0 = time.perf_counter()
-        tokens, rows = decode_lookahead(
-            self.model, cache, fwd.last_hidden, len(ids), k, tap_layer=self.profile.head_layer
-        )
-        decode_ms = (time.perf_counter() - t0) * 1000
-        mass, scored = self._head_mass(req, keys, fwd.window_rows(), lookahead=rows)
-        return ScoreResult(
-            mass=mass,
-            tap=torch.cat(fwd.tap).cpu().numpy() if req.want_tap else None,
-            scorer_resume=0,
-            scorer_new_tokens=len(ids),
-            scorer_forward_ms=fwd.ms,
-            extras=self._extras(
-                windows=scored,
-                skipped_windows=[],
-                lookahead_tokens=tokens,
-                lookahead_ms=round(decode_ms, 1),
-            ),
-        )
-
-    def _head_mass(
-        self, req, keys, rows, *, skipped=(), lookahead: torch.Tensor | None = None
-    ) -> tuple[np.ndarray, int]:
+    def _head_mass(self, req, keys, rows, *, skipped=()) -> tuple[np.ndarray, int]:
         """Mix the windows' masses (§3.3 steps 3-7). Windows in `skipped` (history rows a
-        session no longer has) are left out; the others keep their positional weights.
-        `lookahead` [k, hidden]: scoring-layer rows of decoded tokens, one more window of
-        weight `drafter_lookahead_weight` that sees the main window's keys."""
+        session no longer has) are left out; the others keep their positional weights."""
         windows = [(w, rows[w.span]) for w in req.windows if w.span not in skipped]
-        if lookahead is not None:
-            main = QueryWindow(req.query, self.config.drafter_lookahead_weight, "main")
-            windows.append((main, lookahead))
         masses, weights = [], []
         for w, x in windows:
             q = head_queries(
@@ -594,18 +525,16 @@ class DrafterScorer:
         windows: tuple[QueryWindow, ...],
         want_tap: bool,
         legacy_rows: Span | None = None,
-        full: bool = False,
     ) -> _Forward:
         """Run tokens [resume, S) in chunks; collect head keys, window rows and the tap.
 
-        By default the forward stops at the head layer. With `legacy_rows` or `full`, every
-        layer runs: the legacy scorer reads all of them (the NoPE query rows `legacy_rows` of
-        each legacy layer are captured from its q_norm or q_proj output), and look-ahead
-        decodes from the final hidden state at S-1 (`last_hidden`).
+        By default the forward stops at the head layer. With `legacy_rows`, every layer runs:
+        the legacy scorer reads all of them (the NoPE query rows `legacy_rows` of each legacy
+        layer are captured from its q_norm or q_proj output).
         """
         s = len(ids)
         out = _Forward()
-        full = full or legacy_rows is not None
+        full = legacy_rows is not None
         checkpoint_at = None
         if not full and cache_has_recurrent_state(cache):
             checkpoint_at = max(resume, s - CHECKPOINT_TAIL)
@@ -621,10 +550,9 @@ class DrafterScorer:
             for a, b in chunk_bounds(resume, s, self.config.drafter_chunk_tokens, cuts):
                 self._chunk = (a, b)
                 if full:
-                    x, final = run_full_chunk(
+                    x, _ = run_full_chunk(
                         self.model, ids_t[a:b], a, cache, tap_layer=self.profile.head_layer
                     )
-                    out.last_hidden = final[-1]
                 else:
                     with self._trunk_attention():
                         x = run_trunk_chunk(
@@ -758,16 +686,10 @@ def _validate(req: ScoreRequest) -> None:
             "drafter",
             f"{len(req.semantic_texts)} semantic texts for {len(req.semantic_passages)} passages",
         )
-    if req.likelihood_passages:
-        lq = req.likelihood_question
-        if lq is None or len(lq) < 2 or lq.begin < 0 or lq.end > s:
-            raise CompressionFailed(
-                "drafter", f"likelihood needs a question of 2+ tokens inside the prompt: {lq}"
-            )
     pq = req.projection_question
     if req.projection_passages and (pq is None or pq.empty or pq.begin < 0 or pq.end > s):
         raise CompressionFailed("drafter", f"projection needs a question inside the prompt: {pq}")
-    for p in (*req.likelihood_passages, *req.projection_passages):
+    for p in req.projection_passages:
         if p.empty or p.begin < 0 or p.end > s:
             raise CompressionFailed(
                 "drafter", f"evidence passage out of range: {p.as_list()} over {s} tokens"
