@@ -241,7 +241,7 @@ class Compressor:
             max_context=max_ctx,
             session_key=request.conversation or None,  # no key: no drafter session
             r0=r0,
-            prompt_text=prompt.text,
+            rendered=prompt,
         )
         prepared = await self.offload(prepare, inp, **self._kw(config))
         if not prepared.compress and not self._views_apply(request):

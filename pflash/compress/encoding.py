@@ -27,6 +27,7 @@ tokens, e.g. Gemma's runs of newlines, are ordinary text in templates and conten
 
 from __future__ import annotations
 
+import hashlib
 import re
 import weakref
 from collections.abc import Mapping, Sequence
@@ -101,6 +102,34 @@ def _without_added_tokens(tokenizer: Tokenizer):
     spec["added_tokens"] = []
     spec["post_processor"] = None
     return Backend.from_str(json.dumps(spec))
+
+
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def same_tokenizer(a: Tokenizer, b: Tokenizer) -> bool:
+    """Whether `a` and `b` encode every text to the same tokens: the same object, or fast
+    tokenizers with the same serialised backend (vocabulary, merges, normalizer,
+    pre-tokenizer and added tokens). Why: a drafter of the target's family (Qwen3-0.6B for a
+    Qwen3-32B target) ships the same tokenizer, and then the target's encoding of the prompt
+    is the drafter's too, so it is not made twice. Each backend is serialised once."""
+    if a is b:
+        return True
+    return _fingerprint(a) is not None and _fingerprint(a) == _fingerprint(b)
+
+
+def _fingerprint(tokenizer: Tokenizer) -> str | None:
+    try:
+        return _FINGERPRINTS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    found = hashlib.sha256(backend.to_str().encode()).hexdigest() if backend is not None else None
+    try:
+        _FINGERPRINTS[tokenizer] = found
+    except TypeError:
+        pass
+    return found
 
 
 # --------------------------------------------------------------------------- finding

@@ -38,6 +38,7 @@ from pflash.compress.budget import BudgetPlan, configured_keep_ratio, plan_budge
 from pflash.compress.lexical import LexicalEvidence, LexicalParams, find_lexical_evidence
 from pflash.compress.position_prior import lift_over_prior
 from pflash.compress.query import Plan, plan_prompt
+from pflash.compress.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreRequest, ScoreResult, candidate_lifts
 from pflash.compress.segments import ProbeParams, segment
 from pflash.compress.selection import (
@@ -76,7 +77,9 @@ class PromptInput:
     max_context: int | None = None
     session_key: str | None = None
     r0: float | None = None  # the adaptive controller's ratio for this session, if any
-    prompt_text: str | None = None  # the target text of prompt_ids when the caller has it
+    # the prompt as rendered, when the caller has it: its text and the encoding the template's
+    # output was made with are reused, not made again (`RenderedPrompt`)
+    rendered: RenderedPrompt | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,21 @@ def prepare(
     return replace(prepared, plan_ms=round((time.perf_counter() - started) * 1000.0, 1))
 
 
+def _rendered_encoding(inp: PromptInput):
+    """The target encoding made when `inp`'s chat was rendered, when it rendered exactly these
+    ids from exactly these chat inputs (the planner then trusts its text as the messages'
+    rendering); else None."""
+    r = inp.rendered
+    if r is None or r.encoding is None or r.ids != tuple(inp.prompt_ids):
+        return None
+    same_chat = (
+        r.messages is inp.messages
+        and r.tools is inp.tools
+        and r.template_kwargs is inp.chat_template_kwargs
+    )
+    return r.encoding if same_chat else None
+
+
 def _prepare(
     inp: PromptInput,
     *,
@@ -191,11 +209,15 @@ def _prepare(
     target_tokenizer,
     drafter_tokenizer,
 ) -> Prepared:
-    decoded = encoding.decode(target_tokenizer, inp.prompt_ids, inp.prompt_text)
+    rendered = inp.rendered
+    decoded = encoding.decode(
+        target_tokenizer, inp.prompt_ids, rendered.text if rendered is not None else None
+    )
     prompt_text = decoded.text
     plan = plan_prompt(
         prompt_text=prompt_text,
         controls=decoded.controls,
+        rendered=_rendered_encoding(inp),
         drafter_tokenizer=drafter_tokenizer,
         target_tokenizer=target_tokenizer,
         config=config,

@@ -218,6 +218,7 @@ def plan_prompt(
     chat_template: str | None = None,
     add_generation_prompt: bool = True,
     controls: Sequence[tuple[int, int]] | None = None,
+    rendered: TokenizedText | None = None,
 ) -> Plan:
     """Plan scorer queries and pinned spans for one prompt (reference §5.3-§5.6).
 
@@ -234,6 +235,10 @@ def plan_prompt(
     - `controls`: the character ranges of `prompt_text` that are control tokens in the
       target's ids (`encoding.decode`); None reads the text as written (every marker text a
       control token). Marker text outside them stays text for the drafter and the turns.
+    - `rendered`: the target's encoding made when the chat was rendered from these inputs
+      (`RenderedPrompt.encoding`). When its text and controls are `prompt_text`'s, the
+      chat is not rendered again to check it, and a drafter with the target's tokenizer
+      reads it as its own encoding (the same text, controls and encoder: the same tokens).
 
     Raises `InvalidRequest` for bad input (pflash_required with the legacy selector, unknown
     roles) and `CompressionFailed` (stage query_mapping / required_mapping /
@@ -243,7 +248,13 @@ def plan_prompt(
     query_text = pflash_query.strip() if isinstance(pflash_query, str) else ""
     if controls is None:
         controls = encoding.find_controls(target_tokenizer, prompt_text)
-    drafter = encoding.encode_with_offsets(drafter_tokenizer, prompt_text, controls)
+    controls = tuple(controls)
+    if rendered is not None and (rendered.text, rendered.controls) != (prompt_text, controls):
+        rendered = None
+    if rendered is not None and encoding.same_tokenizer(drafter_tokenizer, target_tokenizer):
+        drafter = rendered
+    else:
+        drafter = encoding.encode_with_offsets(drafter_tokenizer, prompt_text, controls)
     n = len(drafter)
     if n == 0:
         raise CompressionFailed(
@@ -258,7 +269,11 @@ def plan_prompt(
             template_kwargs=chat_template_kwargs,
             add_generation_prompt=add_generation_prompt,
         )
-    rerender = Rerender(chat, target_tokenizer, prompt_text) if chat is not None else None
+    rerender = (
+        Rerender(chat, target_tokenizer, prompt_text, checked=rendered is not None)
+        if chat is not None
+        else None
+    )
     layout = parse_chat(drafter, target_tokenizer, chat_template=chat_template)
     if chat is None and layout is not None and not layout.has_generation_prompt:
         layout = None  # raw text with marker-like strings but no chat prompt: plain text

@@ -1,8 +1,12 @@
 """The prompt a request asks the target to prefill, rendered once (`RenderedPrompt`).
 
-A chat is rendered with the target's chat template and encoded exactly once here; every
-later stage (the gate, the plan, the view keys, the snapshot cut) reads this object instead
-of rendering or encoding the chat again. Only the template's own markers become control
+A chat is rendered with the target's chat template and encoded once here (and once more
+without the generation prompt, to find the snapshot cut); every later stage (the gate, the
+plan, the view keys) reads this object instead of rendering or encoding the prompt again,
+and a drafter with the target's tokenizer reads its encoding as its own. The planner renders
+the chat again only to locate messages inside it, never the prompt itself: one rendering
+with the pinned contents wrapped in sentinels and one without the first message
+(`compress.rerender`). Only the template's own markers become control
 tokens: marker text in a message stays text (`compress.encoding`). A raw completion is its
 own prompt: text encoded as written, with the tokenizer's special tokens (a BOS where the
 tokenizer adds one), or token ids as sent.
@@ -19,13 +23,14 @@ from pflash.compress.chat import render_chat
 from pflash.compress.encoding import (
     ControlledText,
     encode,
+    encode_with_offsets,
     find_controls,
     has_control_text,
     mark_strings,
     unmark,
 )
 from pflash.errors import InvalidRequest
-from pflash.spans import Tokenizer, decode_ids
+from pflash.spans import TokenizedText, Tokenizer, decode_ids
 
 PromptKind = Literal["chat", "completion"]
 
@@ -40,7 +45,11 @@ class RenderedPrompt:
       everything before it, which the conversation's next turn extends;
     - `messages` / `tools` / `template_kwargs`: the chat inputs that rendered it (None for a
       raw completion), for the planner's pinned spans;
-    - `text` (lazy): the target text of `ids` (decoded once, on first use).
+    - `text` (lazy): the target text of `ids` (decoded once, on first use);
+    - `encoding`: for a chat, the encoding `ids` were made with (the template's output, its
+      character offsets and control ranges): the planner reads it instead of encoding the
+      text again where the drafter shares the target's tokenizer, and instead of rendering
+      the chat again to check the text is the messages' rendering.
     """
 
     kind: PromptKind
@@ -50,6 +59,7 @@ class RenderedPrompt:
     messages: Sequence[Mapping] | None = None
     tools: Sequence[Mapping] | None = None
     template_kwargs: Mapping[str, Any] | None = None
+    encoding: TokenizedText | None = field(default=None, repr=False, compare=False)
 
     @cached_property
     def text(self) -> str:
@@ -72,7 +82,8 @@ def render_chat_prompt(
     full = render_chat_controlled(
         tokenizer, messages, tools=tools, enable_thinking=thinking, template_kwargs=kwargs
     )
-    ids = encode(tokenizer, full.text, full.controls)
+    encoded = encode_with_offsets(tokenizer, full.text, full.controls)
+    ids = encoded.ids
     head = render_chat_controlled(
         tokenizer,
         messages,
@@ -95,6 +106,7 @@ def render_chat_prompt(
         messages=messages,
         tools=tools,
         template_kwargs=template_kwargs,
+        encoding=encoded,
     )
 
 

@@ -41,14 +41,15 @@ class Rerender:
     tools and thinking switch): spans located by difference are wrong otherwise, so a
     mismatch fails with stage "span_validation". When the rendering already equals the
     prompt text, the target's encode/decode round trip is the identity on it and
-    re-renders skip it.
+    re-renders skip it. `checked`: the caller rendered `prompt_text` from this chat itself
+    (`RenderedPrompt`), so it is not rendered a second time to compare.
     """
 
-    def __init__(self, chat: ChatInput, target_tokenizer, prompt_text: str):
+    def __init__(self, chat: ChatInput, target_tokenizer, prompt_text: str, *, checked=False):
         self.chat = chat
         self.target = target_tokenizer
         self.prompt_text = prompt_text
-        rendered = chat.render(target_tokenizer)
+        rendered = prompt_text if checked else chat.render(target_tokenizer)
         self.round_trip = rendered != prompt_text
         if self.round_trip and target_text(target_tokenizer, rendered) != prompt_text:
             raise CompressionFailed(

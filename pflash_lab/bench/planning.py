@@ -43,7 +43,7 @@ def plan_chat(tokenizer, messages: list[dict]):
     t0 = time.perf_counter()
     prompt = render_chat_prompt(tokenizer, messages)
     t1 = time.perf_counter()
-    inp = PromptInput(prompt_ids=prompt.ids, messages=messages, prompt_text=prompt.text)
+    inp = PromptInput(prompt_ids=prompt.ids, messages=messages, rendered=prompt)
     prepared = prepare(inp, config=config, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer)
     t2 = time.perf_counter()
     view_keys(prepared, tokenizer, tokenizer)

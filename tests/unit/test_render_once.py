@@ -1,0 +1,139 @@
+"""A chat is rendered and encoded once for the prompt, and planning reuses that work.
+
+`RenderedPrompt` keeps the encoding the template's output was made with; the planner reads
+it as the drafter's encoding when the drafter shares the target's tokenizer, and does not
+render the chat again to check the prompt is the messages' rendering. Reuse never changes
+the plan: the same prompt planned from scratch gives the same tokens, spans and queries.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+
+import pytest
+
+from pflash.compress.encoding import same_tokenizer
+from pflash.compress.pipeline import PromptInput, prepare
+from pflash.compress.rendered import render_chat_prompt
+from pflash.config import build_config
+
+CONFIG = build_config(
+    {"mode": "always", "select_semantic_weight": 0.0, "select_projection_weight": 0.0}, env={}
+)
+DOC = open("/usr/share/common-licenses/GPL-3").read()[:6000]
+
+
+def _messages() -> list[dict]:
+    return [
+        {"role": "system", "content": "You answer from the document."},
+        {"role": "user", "content": DOC + "\n\nWhat does the license say about object code?"},
+        {"role": "assistant", "content": "Section 6 covers it."},
+        {"role": "user", "content": "And what must a distributor provide with it?"},
+    ]
+
+
+def _prepare(tokenizer, drafter, inp):
+    return prepare(inp, config=CONFIG, target_tokenizer=tokenizer, drafter_tokenizer=drafter)
+
+
+def _input(prompt, **kw) -> PromptInput:
+    fields = dict(
+        prompt_ids=prompt.ids,
+        messages=prompt.messages,
+        tools=prompt.tools,
+        chat_template_kwargs=prompt.template_kwargs,
+        max_output=64,
+        max_context=8192,
+    )
+    return PromptInput(**(fields | kw))
+
+
+def _plan_facts(prepared) -> tuple:
+    p = prepared.plan
+    return (
+        p.drafter.ids,
+        p.drafter.offsets,
+        p.drafter.controls,
+        (p.query_span, p.query, p.query_rule, p.turn_query, p.history, p.generation_begin),
+        (p.required, p.system, p.instruction_role, p.content),
+        prepared.score_request.windows,
+    )
+
+
+def test_the_drafter_reads_the_rendered_encoding_and_the_plan_is_unchanged(smollm2_tokenizer):
+    prompt = render_chat_prompt(smollm2_tokenizer, _messages())
+    reused = _prepare(smollm2_tokenizer, smollm2_tokenizer, _input(prompt, rendered=prompt))
+    fresh = _prepare(smollm2_tokenizer, smollm2_tokenizer, _input(prompt))
+    assert reused.plan.drafter is prompt.encoding  # not encoded a second time
+    assert fresh.plan.drafter is not prompt.encoding
+    assert _plan_facts(reused) == _plan_facts(fresh)
+
+
+class _Counting:
+    """`tokenizer`, counting the chat renders and encodes made through it."""
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+        self.calls = collections.Counter()
+
+    def apply_chat_template(self, *a, **kw):
+        self.calls["render"] += 1
+        return self._tok.apply_chat_template(*a, **kw)
+
+    def __call__(self, *a, **kw):
+        self.calls["encode"] += 1
+        return self._tok(*a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+def test_planning_renders_the_chat_one_time_less_and_encodes_it_not_at_all(smollm2_tokenizer):
+    """Before: planning rendered the chat to check it against the prompt and encoded the
+    prompt again for the drafter. Now the renders left are the ones that locate messages (one
+    wrapped rendering, one without the first message), and no encode of the whole prompt."""
+    tok = _Counting(smollm2_tokenizer)
+    prompt = render_chat_prompt(tok, _messages())
+    assert tok.calls == {"render": 2, "encode": 2}  # with and without the generation prompt
+    tok.calls.clear()
+    _prepare(tok, tok, _input(prompt, rendered=prompt))
+    reused = dict(tok.calls)
+    tok.calls.clear()
+    _prepare(tok, tok, _input(prompt))
+    assert reused == {"render": 2} and tok.calls == {"render": 3, "encode": 1}
+
+
+def test_an_input_whose_chat_is_not_the_rendered_one_is_planned_from_scratch(smollm2_tokenizer):
+    prompt = render_chat_prompt(smollm2_tokenizer, _messages())
+    other = copy.deepcopy(prompt.messages)  # equal, but not the chat that rendered the ids
+    prepared = _prepare(
+        smollm2_tokenizer, smollm2_tokenizer, _input(prompt, messages=other, rendered=prompt)
+    )
+    assert prepared.plan.drafter is not prompt.encoding
+    assert prepared.plan.drafter.ids == prompt.encoding.ids
+
+
+def test_a_drafter_with_another_tokenizer_encodes_the_prompt_itself(
+    smollm2_tokenizer, bpe_tokenizer
+):
+    prompt = render_chat_prompt(smollm2_tokenizer, _messages())
+    prepared = _prepare(smollm2_tokenizer, bpe_tokenizer, _input(prompt, rendered=prompt))
+    assert prepared.plan.drafter is not prompt.encoding
+    assert prepared.plan.drafter.ids == tuple(
+        bpe_tokenizer(prepared.prompt_text, add_special_tokens=False)["input_ids"]
+    )
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_two_loads_of_one_tokenizer_are_the_same_tokenizer(
+    smollm2_tokenizer, bpe_tokenizer, tmp_path, same
+):
+    from transformers import AutoTokenizer
+
+    smollm2_tokenizer.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    assert again is not smollm2_tokenizer
+    other = again if same else bpe_tokenizer
+    assert same_tokenizer(smollm2_tokenizer, other) is same
+    assert same_tokenizer(smollm2_tokenizer, smollm2_tokenizer)
