@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from pflash.errors import ModelUnavailable
+from pflash.models.drafter.sessions import SessionTable
 
 EMBEDDED_EMBEDDERS = {
     "embedded:all-minilm-l6-v2": (
@@ -200,7 +201,7 @@ class EmbeddingMemo:
     def __init__(self, conversations: int, per_conversation: int = 16384):
         self.conversations = conversations
         self.per_conversation = per_conversation
-        self._table: OrderedDict[str, OrderedDict[bytes, np.ndarray]] = OrderedDict()
+        self._table: SessionTable[OrderedDict[bytes, np.ndarray]] = SessionTable(conversations)
         self.hits = 0  # vectors served from the memo by the last `embed` call
         self.misses = 0  # texts embedded by it
 
@@ -214,10 +215,10 @@ class EmbeddingMemo:
         if key is None or self.conversations <= 0:
             self.hits, self.misses = 0, len(texts)
             return compute(texts)
-        memo = self._table.pop(key, None) or OrderedDict()
-        self._table[key] = memo
-        while len(self._table) > self.conversations:
-            self._table.popitem(last=False)
+        memo = self._table.get(key)
+        if memo is None:
+            memo = OrderedDict()
+            self._table.put(key, memo)
         digests = [_digest(text) for text in texts]
         missing: dict[bytes, str] = {}
         for digest, text in zip(digests, texts, strict=True):
@@ -236,8 +237,7 @@ class EmbeddingMemo:
         return out
 
     def drop(self, key: str | None) -> None:
-        if key is not None:
-            self._table.pop(key, None)
+        self._table.drop(key)
 
 
 def _digest(text: str) -> bytes:

@@ -319,7 +319,8 @@ def decide_view(
         assert compressed_fresh is not None
         if compressed_fresh.part_begin == view.drafter_gen_begin:
             delta = compressed_fresh.part_spans  # the new part selected on its own at r0
-        else:  # a fresh result without the part: its share of the whole selection
+        else:  # no part selection (the legacy selector; a part with nothing kept): its share
+            # of the whole selection
             delta = subtract(compressed_fresh.kept_spans, [Span(0, view.drafter_gen_begin)])
     else:
         delta = (Span(view.drafter_gen_begin, n),)

@@ -165,7 +165,7 @@ class DrafterScorer:
             if self.calibration
             else None
         )
-        self.sessions = SessionTable(config.drafter_sessions)
+        self.sessions: SessionTable[DrafterSession] = SessionTable(config.drafter_sessions)
         self.embeddings = EmbeddingMemo(config.drafter_sessions)
         self._embedder: SentenceEmbedder | None = None
         if getattr(config, "select_semantic_weight", 0.0) > 0:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from pflash.compress.query import QueryWindow
 from pflash.spans import Span
@@ -62,12 +63,17 @@ class DrafterSession:
             self.rows.popitem(last=False)
 
 
-class SessionTable:
-    """At most `capacity` sessions, least recently used evicted first. capacity 0 = none."""
+V = TypeVar("V")
+
+
+class SessionTable(Generic[V]):
+    """At most `capacity` per-conversation states, least recently used evicted first;
+    capacity 0 = none. Drafter sessions live here, and the embedder's memo keeps each
+    conversation's vectors in one (`EmbeddingMemo`): one eviction rule for both."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._sessions: OrderedDict[str, DrafterSession] = OrderedDict()
+        self._sessions: OrderedDict[str, V] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -75,13 +81,13 @@ class SessionTable:
     def __contains__(self, key: str) -> bool:
         return key in self._sessions
 
-    def get(self, key: str) -> DrafterSession | None:
+    def get(self, key: str) -> V | None:
         session = self._sessions.get(key)
         if session is not None:
             self._sessions.move_to_end(key)
         return session
 
-    def put(self, key: str, session: DrafterSession) -> None:
+    def put(self, key: str, session: V) -> None:
         if self.capacity <= 0:
             return
         self._sessions[key] = session
