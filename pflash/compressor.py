@@ -231,17 +231,13 @@ class Compressor:
                 timeout_s=config.store_call_timeout_s,
             )
         inp = PromptInput(
-            prompt_ids=prompt.ids,
-            messages=prompt.messages,
-            tools=prompt.tools,
-            chat_template_kwargs=prompt.template_kwargs,
+            prompt,
             pflash_query=request.pflash_query,
             pflash_required=request.pflash_required,
             max_output=request.max_output,
             max_context=max_ctx,
             session_key=request.conversation or None,  # no key: no drafter session
             r0=r0,
-            rendered=prompt,
         )
         prepared = await self.offload(prepare, inp, **self._kw(config))
         if not prepared.compress and not self._views_apply(request):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -63,23 +62,18 @@ from pflash.trace import SelectionTrace, TraceWriter
 
 @dataclass(frozen=True)
 class PromptInput:
-    """One prompt to compress. `prompt_ids` are **target** tokens, exactly what the target
-    would prefill (chat template applied). The chat inputs are given for chat requests so
-    pins can be found by re-rendering; None for raw completions."""
+    """One prompt to compress: the prompt as rendered (`RenderedPrompt`: its **target**
+    tokens, exactly what the target would prefill, and for a chat the inputs that rendered
+    them, so pins can be found by re-rendering, and the encoding the render made, which
+    planning reuses), and what the request asks of its compression."""
 
-    prompt_ids: tuple[int, ...]
-    messages: Sequence[Mapping] | None = None
-    tools: Sequence[Mapping] | None = None
-    chat_template_kwargs: Mapping[str, Any] | None = None
+    prompt: RenderedPrompt
     pflash_query: str | None = None
     pflash_required: tuple[str, ...] = ()
     max_output: int = 0
     max_context: int | None = None
     session_key: str | None = None
     r0: float | None = None  # the adaptive controller's ratio for this session, if any
-    # the prompt as rendered, when the caller has it: its text and the encoding the template's
-    # output was made with are reused, not made again (`RenderedPrompt`)
-    rendered: RenderedPrompt | None = None
 
 
 @dataclass(frozen=True)
@@ -187,21 +181,6 @@ def prepare(
     return replace(prepared, plan_ms=round((time.perf_counter() - started) * 1000.0, 1))
 
 
-def _rendered_encoding(inp: PromptInput):
-    """The target encoding made when `inp`'s chat was rendered, when it rendered exactly these
-    ids from exactly these chat inputs (the planner then trusts its text as the messages'
-    rendering); else None."""
-    r = inp.rendered
-    if r is None or r.encoding is None or r.ids != tuple(inp.prompt_ids):
-        return None
-    same_chat = (
-        r.messages is inp.messages
-        and r.tools is inp.tools
-        and r.template_kwargs is inp.chat_template_kwargs
-    )
-    return r.encoding if same_chat else None
-
-
 def _prepare(
     inp: PromptInput,
     *,
@@ -209,25 +188,23 @@ def _prepare(
     target_tokenizer,
     drafter_tokenizer,
 ) -> Prepared:
-    rendered = inp.rendered
-    decoded = encoding.decode(
-        target_tokenizer, inp.prompt_ids, rendered.text if rendered is not None else None
-    )
+    prompt = inp.prompt
+    decoded = encoding.decode(target_tokenizer, prompt.ids, prompt.text)
     prompt_text = decoded.text
     plan = plan_prompt(
         prompt_text=prompt_text,
         controls=decoded.controls,
-        rendered=_rendered_encoding(inp),
+        rendered=prompt.encoding,
         drafter_tokenizer=drafter_tokenizer,
         target_tokenizer=target_tokenizer,
         config=config,
-        messages=inp.messages,
-        tools=inp.tools,
-        chat_template_kwargs=inp.chat_template_kwargs,
+        messages=prompt.messages,
+        tools=prompt.tools,
+        chat_template_kwargs=prompt.template_kwargs,
         pflash_query=inp.pflash_query,
         pflash_required=inp.pflash_required,
     )
-    prompt_tokens = len(inp.prompt_ids)
+    prompt_tokens = len(inp.prompt.ids)
     if not config.strict:
         return _prepare_legacy(inp, prompt_text, plan, config)
     question = classify_question(asked_text(plan, inp.pflash_query))
@@ -273,7 +250,7 @@ def _prepare_legacy(
     inp: PromptInput, prompt_text: str, plan: Plan, config: PFlashConfig
 ) -> Prepared:
     """Legacy (v1) path: gate on the prompt length alone, tail scorer over the query rows."""
-    prompt_tokens = len(inp.prompt_ids)
+    prompt_tokens = len(inp.prompt.ids)
     if config.mode == "off":
         return Prepared(inp, prompt_text, plan, None, False, "mode_off", None)
     if config.mode == "auto" and prompt_tokens < config.threshold:
@@ -457,7 +434,7 @@ def finish(
         stats=stats,
         plan=plan,
         reason=prepared.reason,
-        original_tokens=len(prepared.input.prompt_ids),
+        original_tokens=len(prepared.input.prompt.ids),
         lexical_spans=lexical_spans,
         evidence_spans=passage_evidence.recalled_evidence(signals, chosen.assembly.kept_spans),
         budget_ratio=budget.r0,
@@ -648,7 +625,7 @@ def _finish_legacy(
     n = plan.n_tokens
     if scores.legacy is None or np.asarray(scores.legacy).shape != (n,):
         raise CompressionFailed("drafter", "legacy scorer returned no per-token scores")
-    r0 = configured_keep_ratio(config, len(prepared.input.prompt_ids))
+    r0 = configured_keep_ratio(config, len(prepared.input.prompt.ids))
     sel = select_legacy(
         np.asarray(plan.drafter.ids),
         np.asarray(scores.legacy),
@@ -696,7 +673,7 @@ def _finish_legacy(
         stats,
         plan,
         prepared.reason,
-        len(prepared.input.prompt_ids),
+        len(prepared.input.prompt.ids),
         budget_ratio=r0,
     )
 
@@ -743,7 +720,7 @@ def passthrough(prompt_ids: tuple[int, ...], prompt_text: str) -> Compressed:
 
 def uncompressed(prepared: Prepared) -> Compressed:
     """The original prompt, for a request the gate chose not to compress."""
-    ids = prepared.input.prompt_ids
+    ids = prepared.input.prompt.ids
     stats = {
         "compress_ms": round((time.perf_counter() - prepared.started) * 1000.0, 1),
         "drafter_input_tokens": prepared.plan.n_tokens,

@@ -421,7 +421,7 @@ def _prompt_facts(
     None when the target-encoded generation prompt is not a suffix of the raw prompt (§6.1
     precondition)."""
     plan = prepared.plan
-    raw = tuple(int(i) for i in prepared.input.prompt_ids)
+    raw = tuple(int(i) for i in prepared.input.prompt.ids)
     layout = plan.layout
     if layout.generation_turn_index is None:
         return None
@@ -642,7 +642,7 @@ def served_result(
     """
     if decision.needs_compression:
         raise ValueError("a compress_first decision has nothing to serve")
-    raw = prepared.input.prompt_ids
+    raw = prepared.input.prompt.ids
     if fresh is not None:
         stats = dict(fresh.stats)
     else:

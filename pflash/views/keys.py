@@ -123,6 +123,6 @@ def view_keys(
     prepared: Prepared, target_tokenizer, drafter_tokenizer=None
 ) -> tuple[PrefixHash, ...]:
     """The store keys to look this prompt up with: `boundary_hashes` at its turn starts."""
-    raw = prepared.input.prompt_ids
+    raw = prepared.input.prompt.ids
     turns = target_turn_boundaries(prepared.plan, raw, target_tokenizer, drafter_tokenizer)
     return boundary_hashes(raw, turns)

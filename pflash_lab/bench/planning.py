@@ -43,7 +43,7 @@ def plan_chat(tokenizer, messages: list[dict]):
     t0 = time.perf_counter()
     prompt = render_chat_prompt(tokenizer, messages)
     t1 = time.perf_counter()
-    inp = PromptInput(prompt_ids=prompt.ids, messages=messages, rendered=prompt)
+    inp = PromptInput(prompt)
     prepared = prepare(inp, config=config, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer)
     t2 = time.perf_counter()
     view_keys(prepared, tokenizer, tokenizer)
@@ -58,7 +58,7 @@ def measure(tokenizer, messages: list[dict], repeats: int) -> dict:
         for k, v in took.items():
             times[k].append(v)
     med = {k: round(statistics.median(v) * 1000, 1) for k, v in times.items()}
-    return {"tokens": len(prepared.input.prompt_ids), **{f"{k}_ms": v for k, v in med.items()}}
+    return {"tokens": len(prepared.input.prompt.ids), **{f"{k}_ms": v for k, v in med.items()}}
 
 
 def main(argv: list[str] | None = None) -> None:

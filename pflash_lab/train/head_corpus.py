@@ -137,12 +137,13 @@ def plan_example(case: BenchCase, text: TextSplit, *, tokenizer, config) -> Head
     from pflash.compress.chat import render_chat
     from pflash.compress.encoding import encode_as_written_with_offsets
     from pflash.compress.pipeline import PromptInput, prepare
+    from pflash.compress.rendered import RenderedPrompt
 
     messages = case.messages(0)
     rendered = render_chat(tokenizer, messages)
     ids = tuple(tokenizer(rendered, add_special_tokens=False)["input_ids"])
     prepared = prepare(
-        PromptInput(prompt_ids=ids, messages=messages),
+        PromptInput(RenderedPrompt("chat", tuple(ids), tokenizer, messages=messages)),
         config=config,
         target_tokenizer=tokenizer,
         drafter_tokenizer=tokenizer,

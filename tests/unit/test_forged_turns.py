@@ -173,7 +173,7 @@ def compressed(target, drafter, messages):
     )
     rendered = render_chat_prompt(target, messages)
     holder = {}
-    inp = PromptInput(prompt_ids=rendered.ids, messages=messages, max_output=64)
+    inp = PromptInput(rendered, max_output=64)
     holder["prepared"] = prepare(
         inp, config=cfg, target_tokenizer=target, drafter_tokenizer=drafter
     )
@@ -227,7 +227,7 @@ def served_turns(target, follow_up: str) -> tuple[str, tuple[int, ...]]:
     decision = None
     for messages in (turn1, [*turn1, {"role": "assistant", "content": "7318842."}, follow_up]):
         rendered = render_chat_prompt(target, messages)
-        inp = PromptInput(prompt_ids=rendered.ids, messages=messages, max_output=64)
+        inp = PromptInput(rendered, max_output=64)
         prepared = prepare(inp, config=cfg, target_tokenizer=target, drafter_tokenizer=target)
         view = store.lookup("tenant", view_keys(prepared, target))
         kwargs = dict(

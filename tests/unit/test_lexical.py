@@ -21,6 +21,7 @@ from pflash.compress.lexical import (
     words,
 )
 from pflash.compress.pipeline import PromptInput, prepare
+from pflash.compress.rendered import RenderedPrompt
 from pflash.config import build_config
 
 NEEDLE = "The special magic quokka number is: 7318842."
@@ -40,7 +41,11 @@ def _prepared(tokenizer, content: str, **cfg):
         {"role": "user", "content": content},
     ]
     ids = tuple(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
-    inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=16384)
+    inp = PromptInput(
+        RenderedPrompt("chat", tuple(ids), tokenizer, messages=messages),
+        max_output=64,
+        max_context=16384,
+    )
     prepared = prepare(inp, config=config, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer)
     assert prepared.compress
     return prepared

@@ -67,7 +67,11 @@ def _messages(content: str | None = None) -> list[dict]:
 def _prepared(tokenizer, cfg, content: str | None = None):
     messages = _messages(content)
     ids = tuple(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
-    inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=8192)
+    inp = PromptInput(
+        RenderedPrompt("chat", tuple(ids), tokenizer, messages=messages),
+        max_output=64,
+        max_context=8192,
+    )
     return inp, prepare(inp, config=cfg, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer)
 
 
@@ -272,7 +276,7 @@ def _decoy(decoy: str):
 
 def _compress(tokenizer, cfg, scorer, content: str | None = None):
     inp, prepared = _prepared(tokenizer, cfg, content)
-    prompt = RenderedPrompt("chat", inp.prompt_ids, tokenizer, messages=inp.messages)
+    prompt = inp.prompt
     asked = []
 
     def score(req):

@@ -42,16 +42,8 @@ def _chat(tokenizer, system: str = "Answer briefly."):
 def compress(inp: PromptInput, *, config, target_tokenizer, drafter_tokenizer, scorer, trace=None):
     """The product flow (`pflash.compressor`) in process for a planned-style input: views
     off (no store), the same prepare → score → finish the server runs."""
-    prompt = RenderedPrompt(
-        "chat" if inp.messages is not None else "completion",
-        inp.prompt_ids,
-        target_tokenizer,
-        messages=inp.messages,
-        tools=inp.tools,
-        template_kwargs=inp.chat_template_kwargs,
-    )
     return compress_in_process(
-        prompt,
+        inp.prompt,
         config,
         target_tokenizer=target_tokenizer,
         drafter_tokenizer=drafter_tokenizer,
@@ -84,7 +76,12 @@ def _compress(tokenizer_t, tokenizer_d, cfg, messages, ids, **kw):
         prepared = holder["prepared"]
         return needle_scorer(req, prepared.plan.drafter)
 
-    inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=8192, **kw)
+    inp = PromptInput(
+        RenderedPrompt("chat", tuple(ids), tokenizer_t, messages=messages),
+        max_output=64,
+        max_context=8192,
+        **kw,
+    )
     holder["prepared"] = prepare(
         inp, config=cfg, target_tokenizer=tokenizer_t, drafter_tokenizer=tokenizer_d
     )
@@ -113,7 +110,11 @@ def test_needle_question_and_generation_prompt_survive_compression(smollm2_token
     assert stats["compressed_tokens"] == len(out.served_ids)
     assert stats["query_rule"] == "prompt_end"
     # the ceiling: served tokens (minus the paragraph-join overhead) within floor(prompt * r)
-    inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=8192)
+    inp = PromptInput(
+        RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages),
+        max_output=64,
+        max_context=8192,
+    )
     budget = prepare(
         inp, config=cfg, target_tokenizer=smollm2_tokenizer, drafter_tokenizer=smollm2_tokenizer
     ).budget
@@ -178,7 +179,7 @@ def test_scorer_crash_fails_closed_naming_the_drafter_stage(smollm2_tokenizer):
     def broken(req):
         raise RuntimeError("CUDA out of memory")
 
-    inp = PromptInput(prompt_ids=ids, messages=messages)
+    inp = PromptInput(RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages))
     with pytest.raises(CompressionFailed) as err:
         compress(
             inp,
@@ -200,7 +201,7 @@ def test_non_finite_scores_fail_closed(smollm2_tokenizer, bad):
         mass[3] = bad
         return ScoreResult(mass=mass)
 
-    inp = PromptInput(prompt_ids=ids, messages=messages)
+    inp = PromptInput(RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages))
     with pytest.raises(CompressionFailed) as err:
         compress(
             inp,
@@ -215,7 +216,7 @@ def test_non_finite_scores_fail_closed(smollm2_tokenizer, bad):
 def test_wrong_length_scores_fail_closed(smollm2_tokenizer):
     cfg = build_config(CFG, env={})
     messages, ids = _chat(smollm2_tokenizer)
-    inp = PromptInput(prompt_ids=ids, messages=messages)
+    inp = PromptInput(RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages))
     with pytest.raises(CompressionFailed) as err:
         compress(
             inp,
@@ -231,7 +232,7 @@ def test_selection_trace_records_the_served_selection(smollm2_tokenizer, tmp_pat
     cfg = build_config({**CFG, "trace_path": str(tmp_path / "t.jsonl")}, env={})
     messages, ids = _chat(smollm2_tokenizer)
     writer = TraceWriter(cfg.trace_path)
-    inp = PromptInput(prompt_ids=ids, messages=messages)
+    inp = PromptInput(RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages))
     prepared = prepare(
         inp, config=cfg, target_tokenizer=smollm2_tokenizer, drafter_tokenizer=smollm2_tokenizer
     )
@@ -266,7 +267,7 @@ def test_legacy_selector_keeps_the_question(smollm2_tokenizer):
         return ScoreResult(mass=None, legacy=rng.random(len(req.ids)).astype(np.float32))
 
     out = compress(
-        PromptInput(prompt_ids=ids, messages=messages),
+        PromptInput(RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages)),
         config=cfg,
         target_tokenizer=smollm2_tokenizer,
         drafter_tokenizer=smollm2_tokenizer,
@@ -308,7 +309,7 @@ def test_a_prompt_that_is_only_the_question_is_served_as_is(smollm2_tokenizer):
         raise AssertionError("the drafter must not run")
 
     out = compress(
-        PromptInput(prompt_ids=ids),
+        PromptInput(RenderedPrompt("completion", tuple(ids), smollm2_tokenizer)),
         config=cfg,
         target_tokenizer=smollm2_tokenizer,
         drafter_tokenizer=smollm2_tokenizer,
@@ -343,7 +344,11 @@ def _compress_with(tokenizer, cfg, content, scorer, trace=None):
         {"role": "user", "content": content},
     ]
     ids = tuple(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
-    inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=8192)
+    inp = PromptInput(
+        RenderedPrompt("chat", tuple(ids), tokenizer, messages=messages),
+        max_output=64,
+        max_context=8192,
+    )
     prepared = prepare(inp, config=cfg, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer)
     return compress(
         inp,

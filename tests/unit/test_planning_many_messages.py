@@ -18,7 +18,7 @@ def test_a_thousand_messages_with_system_turns_are_planned_with_the_question_las
     assert sum(m["role"] == "system" for m in messages) == 64
 
     prepared, _ = plan_chat(smollm2_tokenizer, messages)
-    assert len(prepared.input.prompt_ids) > 30_000
+    assert len(prepared.input.prompt.ids) > 30_000
     assert prepared.compress and prepared.score_request is not None
     plan = prepared.plan
     text = plan.drafter.text

@@ -9,13 +9,12 @@ the plan: the same prompt planned from scratch gives the same tokens, spans and 
 from __future__ import annotations
 
 import collections
-import copy
 
 import pytest
 
 from pflash.compress.encoding import same_tokenizer
 from pflash.compress.pipeline import PromptInput, prepare
-from pflash.compress.rendered import render_chat_prompt
+from pflash.compress.rendered import RenderedPrompt, render_chat_prompt
 from pflash.config import build_config
 
 CONFIG = build_config(
@@ -38,15 +37,15 @@ def _prepare(tokenizer, drafter, inp):
 
 
 def _input(prompt, **kw) -> PromptInput:
-    fields = dict(
-        prompt_ids=prompt.ids,
-        messages=prompt.messages,
-        tools=prompt.tools,
-        chat_template_kwargs=prompt.template_kwargs,
-        max_output=64,
-        max_context=8192,
+    return PromptInput(prompt, max_output=64, max_context=8192, **kw)
+
+
+def _unrendered(prompt) -> RenderedPrompt:
+    """`prompt` as a caller that did not render it holds it: the ids and the chat, no
+    encoding (the plan then encodes and checks the text itself)."""
+    return RenderedPrompt(
+        "chat", prompt.ids, prompt.tokenizer, messages=prompt.messages, tools=prompt.tools
     )
-    return PromptInput(**(fields | kw))
 
 
 def _plan_facts(prepared) -> tuple:
@@ -63,8 +62,8 @@ def _plan_facts(prepared) -> tuple:
 
 def test_the_drafter_reads_the_rendered_encoding_and_the_plan_is_unchanged(smollm2_tokenizer):
     prompt = render_chat_prompt(smollm2_tokenizer, _messages())
-    reused = _prepare(smollm2_tokenizer, smollm2_tokenizer, _input(prompt, rendered=prompt))
-    fresh = _prepare(smollm2_tokenizer, smollm2_tokenizer, _input(prompt))
+    reused = _prepare(smollm2_tokenizer, smollm2_tokenizer, _input(prompt))
+    fresh = _prepare(smollm2_tokenizer, smollm2_tokenizer, _input(_unrendered(prompt)))
     assert reused.plan.drafter is prompt.encoding  # not encoded a second time
     assert fresh.plan.drafter is not prompt.encoding
     assert _plan_facts(reused) == _plan_facts(fresh)
@@ -97,28 +96,18 @@ def test_planning_renders_the_chat_one_time_less_and_encodes_it_not_at_all(smoll
     prompt = render_chat_prompt(tok, _messages())
     assert tok.calls == {"render": 2, "encode": 2}  # with and without the generation prompt
     tok.calls.clear()
-    _prepare(tok, tok, _input(prompt, rendered=prompt))
+    _prepare(tok, tok, _input(prompt))
     reused = dict(tok.calls)
     tok.calls.clear()
-    _prepare(tok, tok, _input(prompt))
+    _prepare(tok, tok, _input(_unrendered(prompt)))
     assert reused == {"render": 2} and tok.calls == {"render": 3, "encode": 1}
-
-
-def test_an_input_whose_chat_is_not_the_rendered_one_is_planned_from_scratch(smollm2_tokenizer):
-    prompt = render_chat_prompt(smollm2_tokenizer, _messages())
-    other = copy.deepcopy(prompt.messages)  # equal, but not the chat that rendered the ids
-    prepared = _prepare(
-        smollm2_tokenizer, smollm2_tokenizer, _input(prompt, messages=other, rendered=prompt)
-    )
-    assert prepared.plan.drafter is not prompt.encoding
-    assert prepared.plan.drafter.ids == prompt.encoding.ids
 
 
 def test_a_drafter_with_another_tokenizer_encodes_the_prompt_itself(
     smollm2_tokenizer, bpe_tokenizer
 ):
     prompt = render_chat_prompt(smollm2_tokenizer, _messages())
-    prepared = _prepare(smollm2_tokenizer, bpe_tokenizer, _input(prompt, rendered=prompt))
+    prepared = _prepare(smollm2_tokenizer, bpe_tokenizer, _input(prompt))
     assert prepared.plan.drafter is not prompt.encoding
     assert prepared.plan.drafter.ids == tuple(
         bpe_tokenizer(prepared.prompt_text, add_special_tokens=False)["input_ids"]

@@ -19,6 +19,7 @@ from pflash.api import PFlashStats
 from pflash.compress.assemble import RECALL_FOOTER, RECALL_HEADER
 from pflash.compress.chat import render_chat
 from pflash.compress.pipeline import PromptInput, finish, prepare
+from pflash.compress.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
 from pflash.compressor import (
     Compressor,
@@ -86,8 +87,7 @@ class Conversation:
         text = render_chat(self.target, messages)
         ids = tuple(self.target(text, add_special_tokens=False)["input_ids"])
         inp = PromptInput(
-            prompt_ids=ids,
-            messages=messages,
+            RenderedPrompt("chat", tuple(ids), self.target, messages=messages),
             max_output=MAX_OUTPUT,
             max_context=max_context or self.max_context,
             **options,
@@ -183,7 +183,7 @@ def test_first_turn_compresses_first_then_serves_the_fresh_prompt_as_a_view(smol
     v = d.view
     assert (v.turn, v.tenant, v.conversation) == (1, "tenant-a", "conversation-1")
     assert v.view_tokens == fresh.served_ids and v.spans == fresh.kept_spans
-    raw = prepared.input.prompt_ids
+    raw = prepared.input.prompt.ids
     assert v.raw_gen_begin == len(raw) - len(gen)
     assert v.raw_prefix_digest == token_digest(raw[: v.raw_gen_begin])
     assert v.drafter_gen_begin == prepared.plan.generation_begin
@@ -421,7 +421,7 @@ def test_big_paste_continues_compressed(smollm2_tokenizer):
     paste = _paste()
     messages = _reply(TURN1, "7318842.", paste + "\n\nWhat is the launch code for the red rocket?")
     prepared, view, first, fresh, d = conv.turn(messages, attend_to=(PASTE_FACT,))
-    new_tokens = len(prepared.input.prompt_ids) - d1.view.raw_gen_begin
+    new_tokens = len(prepared.input.prompt.ids) - d1.view.raw_gen_begin
     assert new_tokens >= 1000
     assert (first.action, first.reason) == ("compress_first", "compress_new")
     assert (d.mode, d.reason, d.turn) == ("continue-compressed", "compress_new", 2)
@@ -541,7 +541,7 @@ def test_view_over_twice_the_fresh_compression_rebuilds(smollm2_tokenizer):
     assert first.reason == "recall"  # small enough to append verbatim, but a new question
     assert (d.mode, d.reason, d.turn) == ("rebuild", "served_over_2x_fresh", 2)
     assert d.served_ids == fresh.served_ids
-    verbatim = len(view.view_tokens) + len(prepared.input.prompt_ids) - view.raw_gen_begin
+    verbatim = len(view.view_tokens) + len(prepared.input.prompt.ids) - view.raw_gen_begin
     assert verbatim > 2 * len(fresh.served_ids)
 
 
@@ -608,14 +608,14 @@ def test_gate_declined_fresh_result_is_served_without_a_view(smollm2_tokenizer):
     assert not prepared.compress
     d = conv.decide(prepared, None, uncompressed(prepared))
     assert (d.mode, d.reason, d.view) == ("off", "gate_declined", None)
-    assert d.served_ids == prepared.input.prompt_ids
+    assert d.served_ids == prepared.input.prompt.ids
 
 
 def test_raw_completion_has_no_view(smollm2_tokenizer):
     conv = Conversation(smollm2_tokenizer)
     ids = tuple(smollm2_tokenizer(_document() + "\n\n" + QUESTION)["input_ids"])
     prepared = prepare(
-        PromptInput(prompt_ids=ids),
+        PromptInput(RenderedPrompt("completion", tuple(ids), smollm2_tokenizer)),
         config=conv.config,
         target_tokenizer=smollm2_tokenizer,
         drafter_tokenizer=smollm2_tokenizer,
@@ -633,7 +633,7 @@ def test_cross_vocabulary_drafter_continues_with_drafter_spans(smollm2_tokenizer
     prepared, view, first, fresh, d = conv.turn(
         _reply(TURN1, "7318842.", "And the archive password?"), attend_to=(FACT,)
     )
-    assert prepared.plan.n_tokens != len(prepared.input.prompt_ids)  # two vocabularies
+    assert prepared.plan.n_tokens != len(prepared.input.prompt.ids)  # two vocabularies
     assert d.mode == "continue" and d.recalled_spans
     assert FACT in d.served_text
     assert d.served_ids[: d1.snapshot_cut] == d1.served_ids[: d1.snapshot_cut]
@@ -673,13 +673,13 @@ def test_every_view_outcome_reports_the_served_share_and_the_requested_keep_rati
     conv = Conversation(smollm2_tokenizer)
     prepared, _, _, fresh, d1 = conv.turn(TURN1)
     first = served_result(d1, prepared, fresh)
-    share = len(first.served_ids) / len(prepared.input.prompt_ids)
+    share = len(first.served_ids) / len(prepared.input.prompt.ids)
     assert d1.mode == "fresh" and share < 0.5
     assert _ratios(first) == (share, share, 0.2)
     prepared, _, _, fresh, d = conv.turn(follow_up(TURN1))
     out = served_result(d, prepared, fresh)
     assert (d.mode, fresh) == (mode, None)
-    share = len(out.served_ids) / len(prepared.input.prompt_ids)
+    share = len(out.served_ids) / len(prepared.input.prompt.ids)
     assert _ratios(out) == (share, share, 0.2)
     assert PFlashStats(**out.stats).served_ratio == share
 
