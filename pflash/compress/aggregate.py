@@ -26,6 +26,8 @@ Two pure parts:
 from __future__ import annotations
 
 import re
+import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -51,6 +53,8 @@ MAX_QUESTION_CHARS = 2000  # an explicit `pflash_query` longer than this is read
 MAX_SENTENCES = 4  # question sentences read at the content's end
 LABEL_CHARS = 20  # "Question:", "Task:": a label read past before a question
 LONG_LINE = 200  # characters: a longer line is sampled by its sentences
+MIN_FREQUENT = 3  # units a word must be in, at least, to count as frequent
+LEAST = frozenset("least fewest rarest rarely less".split())
 
 _WORD = re.compile(r"[a-z0-9]+")
 _SENTENCE = re.compile(r"[^.?!;\n]+")
@@ -346,6 +350,7 @@ def stratified_selection(
     pinned: Sequence[Span],
     suffix_candidates: bool,
     evidence: LexicalEvidence | None,
+    question: AggregateQuestion | None = None,
 ) -> tuple[Candidates, LexicalEvidence | None]:
     """What strict selection chooses from for an aggregate question: `stratified_candidates`
     with the question sentences of `evidence` kept first and the units that repeat a phrase
@@ -353,17 +358,49 @@ def stratified_selection(
     "which keywords appear most often in the keyword log entries" question counts) sampled
     before the rest; the evidence reduced to its question sentences, so nothing else is
     promoted ahead of the sample. A key anchor ("10" in "the 10 most common words" names a
-    list item) is not followed: the question is about all of the document."""
+    list item) is not followed: the question is about all of the document. A question for
+    the most frequent items samples the units holding a frequent word first
+    (`frequent_units`)."""
+    frequent_first = question is not None and asks_most_frequent(question)
     if evidence is None:
-        return stratified_candidates(plan, pinned=pinned, suffix_candidates=suffix_candidates), None
+        cands = stratified_candidates(
+            plan, pinned=pinned, suffix_candidates=suffix_candidates, frequent_first=frequent_first
+        )
+        return cands, None
     cands = stratified_candidates(
         plan,
         pinned=pinned,
         suffix_candidates=suffix_candidates,
         keep=evidence.question,
         focus=tuple(u.span for u in evidence.units if _repeated_phrase(u)),
+        frequent_first=frequent_first,
     )
     return cands, replace(evidence, units=())
+
+
+def asks_most_frequent(question: AggregateQuestion) -> bool:
+    """A frequency question for the most frequent items ("the 10 most common words"), not
+    the least ("which word appears least often": its answer is in the rare units)."""
+    return question.kind == "frequency" and not LEAST.intersection(
+        _WORD.findall(question.sentence.lower())
+    )
+
+
+def frequent_units(texts: Sequence[str]) -> np.ndarray:
+    """bool [len(texts)]: the units holding a frequent word, one found in at least T of the
+    units, T = max(`MIN_FREQUENT`, twice the median over the distinct words of how many
+    units hold each). Why: for "which words appear most often" a word found in few units
+    cannot be the answer, while a sample of the whole document keeps ~2 occurrences of each
+    asked word at keep 0.1 and makes rare words look as frequent; sampling the units with a
+    frequent word first keeps more of each asked word in the same budget, in proportion.
+    Structural words every line shares make every unit frequent: then the sample is the
+    plain one. Linear: one pass over the words."""
+    sets = [set(_WORD.findall(t.lower())) for t in texts]
+    df = Counter(w for s in sets for w in s)
+    if not df:
+        return np.zeros(len(texts), dtype=bool)
+    t = max(MIN_FREQUENT, 2 * statistics.median(df.values()))
+    return np.asarray([any(df[w] >= t for w in s) for s in sets], dtype=bool)
 
 
 def _repeated_phrase(unit: AnchoredUnit) -> bool:
@@ -379,6 +416,7 @@ def stratified_candidates(
     suffix_candidates: bool,
     keep: Sequence[Span] = (),
     focus: Sequence[Span] = (),
+    frequent_first: bool = False,
 ) -> Candidates:
     """Candidates tiling the drafter tokens at the prompt's units, ranked so that every
     prefix of the ranking is an evenly spread sample of the optional units.
@@ -392,7 +430,8 @@ def stratified_candidates(
       position in the bit-reversal order of 0..m-1 (0, m/2, m/4, 3m/4, ...); units inside
       `focus` are ranked among themselves and score 1 more, so they are sampled first. Any
       budget the strict selector fills by rank therefore keeps about every k-th unit, for
-      the k it allows.
+      the k it allows. With `frequent_first`, the units holding a frequent word
+      (`frequent_units`) form a tier between `focus` and the rest.
     """
     drafter = plan.drafter
     n = len(drafter)
@@ -413,8 +452,18 @@ def stratified_candidates(
     inside = np.zeros(len(cands), dtype=bool)
     for s in focus:
         inside |= (begin >= s.begin) & (end <= s.end)
+    optional = ~cands.mandatory
+    tiers = [(optional & inside, 2.0), (optional & ~inside, 1.0)]
+    if frequent_first:
+        spans = [drafter.char_span(Span(int(b), int(e))) for b, e in zip(begin, end, strict=True)]
+        frequent = frequent_units([drafter.text[slice(*c)] for c in spans])
+        tiers = [
+            (optional & inside, 3.0),
+            (optional & ~inside & frequent, 2.0),
+            (optional & ~inside & ~frequent, 1.0),
+        ]
     score = np.zeros(len(cands), dtype=np.float64)
-    for group, lift in ((~cands.mandatory & inside, 2.0), (~cands.mandatory & ~inside, 1.0)):
+    for group, lift in tiers:
         idx = np.flatnonzero(group)
         m = int(idx.size)
         score[idx] = lift + (m - bit_reversal_rank(m)) / max(1, m)

@@ -363,7 +363,11 @@ def finish(
         cands = passage_evidence.cut_at_passages(cands, signals, token_scores)
     if prepared.question is not None:  # about the whole document: a uniform sample (§4.11)
         cands, evidence = stratified_selection(
-            plan, pinned=budget.pinned, suffix_candidates=suffix, evidence=evidence
+            plan,
+            pinned=budget.pinned,
+            suffix_candidates=suffix,
+            evidence=evidence,
+            question=prepared.question,
         )
     other = _legacy_candidate_scores(scores, cands) if config.select_scorer == "split" else None
 

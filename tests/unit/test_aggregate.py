@@ -16,7 +16,12 @@ import pydantic
 import pytest
 
 from pflash.api import PFlashStats
-from pflash.compress.aggregate import bit_reversal_rank, classify_question
+from pflash.compress.aggregate import (
+    asks_most_frequent,
+    bit_reversal_rank,
+    classify_question,
+    frequent_units,
+)
 from pflash.compress.chat import render_chat
 from pflash.compress.pipeline import PromptInput, prepare, uncompressed
 from pflash.compress.rendered import RenderedPrompt
@@ -168,7 +173,20 @@ def _top_recall(served: str) -> float:
 CFG = dict(keep_ratio=0.1, select_chunk_size=64, select_semantic_weight=0.0)
 
 
-def test_always_serves_a_uniform_sample_that_keeps_the_top_words(smollm2_tokenizer):
+def _served_lines(out) -> list[tuple[int, str]]:
+    return [
+        (int(line.split(".")[0]), line.split(". ", 1)[1])
+        for line in out.served_text.splitlines()
+        if ". word" in line
+    ]
+
+
+def test_always_samples_the_lines_of_frequent_words_evenly_and_keeps_the_top_words(
+    smollm2_tokenizer,
+):
+    """The 80-line budget is spent on the 200 lines of the 10 common words, evenly over the
+    list: each keeps ~8 occurrences instead of ~2 in a sample of every line, and no word
+    that appears twice is kept to look as frequent (before: recall 0.9 on this list)."""
     config = build_config({**CFG, "mode": "always"}, env={})
     messages, ids = _list_chat(smollm2_tokenizer)
     out = _serve(smollm2_tokenizer, config, messages, ids)
@@ -176,13 +194,50 @@ def test_always_serves_a_uniform_sample_that_keeps_the_top_words(smollm2_tokeniz
     assert len(out.served_ids) < 0.2 * len(ids)
     assert out.served_text.rstrip().endswith("<|im_start|>assistant")
     assert QUESTION in out.served_text
-    numbers = [int(line.split(".")[0]) for line in out.served_text.splitlines() if ". word" in line]
+    lines = _served_lines(out)
+    numbers = [n for n, _ in lines]
     n_lines = len(_word_list())
     assert len(numbers) >= 0.08 * n_lines
+    assert {w for _, w in lines} == set(COMMON)  # only the frequent words' lines
+    assert min(Counter(w for _, w in lines).values()) >= 4  # each in proportion
     assert max(numbers) > 0.9 * n_lines and min(numbers) < 0.1 * n_lines  # the whole list
     gaps = np.diff(sorted(numbers))
     assert gaps.max() <= 3 * np.median(gaps)  # evenly spread, not a block
-    assert _top_recall(out.served_text) >= 0.8
+    assert _top_recall(out.served_text) == 1.0
+
+
+def test_a_question_for_the_least_frequent_words_samples_every_line(smollm2_tokenizer):
+    config = build_config({**CFG, "mode": "always"}, env={})
+    question = "Which words appear least often in the above list?"
+    messages, ids = _list_chat(smollm2_tokenizer, question)
+    out = _serve(smollm2_tokenizer, config, messages, ids)
+    assert out.stats["question_kind"] == "frequency"
+    words = [w for _, w in _served_lines(out)]
+    rare = [w for w in words if w not in COMMON]
+    assert len(rare) >= 0.5 * len(words)  # the rare lines are sampled like the others
+
+
+def test_frequent_units_are_those_holding_a_word_many_units_hold():
+    lines = [f"{i}. {'apple' if i % 4 == 0 else f'rare{i // 2}'}" for i in range(400)]
+    frequent = frequent_units(lines)
+    assert frequent.tolist() == [i % 4 == 0 for i in range(400)]
+    shared = [f"Keyword log entry: rare{i}" for i in range(50)]  # a word every line holds
+    assert frequent_units(shared).all()
+    assert frequent_units([]).size == 0 and not frequent_units(["", "  "]).any()
+
+
+@pytest.mark.parametrize(
+    ("sentence", "most"),
+    [
+        ("What are the 10 most common words in the above list?", True),
+        ("Which word appears least often in the list?", False),
+        ("Name the rarest words of the text by frequency.", False),
+    ],
+)
+def test_only_a_question_for_the_most_frequent_items_samples_them_first(sentence, most):
+    question = classify_question(sentence)
+    assert question is not None and question.kind == "frequency"
+    assert asks_most_frequent(question) is most
 
 
 def test_a_fact_question_on_the_same_list_keeps_the_score_ranking(smollm2_tokenizer):
@@ -198,7 +253,11 @@ def test_a_fact_question_on_the_same_list_keeps_the_score_ranking(smollm2_tokeni
 def test_auto_serves_an_aggregate_question_whole_and_says_why(smollm2_tokenizer):
     config = build_config({**CFG, "mode": "auto", "threshold": 512}, env={})
     messages, ids = _list_chat(smollm2_tokenizer)
-    inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=32_768)
+    inp = PromptInput(
+        RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages),
+        max_output=64,
+        max_context=32_768,
+    )
     prepared = prepare(
         inp, config=config, target_tokenizer=smollm2_tokenizer, drafter_tokenizer=smollm2_tokenizer
     )
@@ -218,7 +277,11 @@ def test_a_question_asked_before_the_document_is_read(smollm2_tokenizer):
             "input_ids"
         ]
     )
-    inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=32_768)
+    inp = PromptInput(
+        RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages),
+        max_output=64,
+        max_context=32_768,
+    )
     prepared = prepare(
         inp, config=config, target_tokenizer=smollm2_tokenizer, drafter_tokenizer=smollm2_tokenizer
     )
@@ -239,7 +302,11 @@ def test_an_imperative_question_after_a_label_is_read(smollm2_tokenizer):
     messages, ids = _list_chat(
         smollm2_tokenizer, "Question: List the ten most frequent words in the list."
     )
-    inp = PromptInput(prompt_ids=ids, messages=messages, max_output=64, max_context=32_768)
+    inp = PromptInput(
+        RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages),
+        max_output=64,
+        max_context=32_768,
+    )
     prepared = prepare(
         inp, config=config, target_tokenizer=smollm2_tokenizer, drafter_tokenizer=smollm2_tokenizer
     )
