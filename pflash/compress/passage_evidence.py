@@ -1,7 +1,7 @@
 """Passage evidence in strict selection: passages that answer the question in other words.
 
 Why: attention at the drafter's scoring layer does not connect a paraphrased question to its
-evidence (BENCHMARKS.md, the paraphrased families). Three signals can, each scored per passage of the text
+evidence (docs/BENCHMARK_NOTEBOOK.md, the paraphrased families). Three signals can, each scored per passage of the text
 before the question and mixed into the token scores:
 
 - **likelihood** (`select_likelihood_weight`): the drafter as a language model; reading the
@@ -388,7 +388,7 @@ def _follow_entities(drafter: TokenizedText, checked: list[_Checked]) -> list[_C
     names were the distractor leases in both aggregation cases looked at, and its own lift
     (to 0.9 of its best raw cosine, before the share scale) was a lift to about its median
     passage; with the embedder's pick for both, aggregation on a fresh seed kept 118 of 120
-    facts against 112 with each signal's own (BENCHMARKS.md)."""
+    facts against 112 with each signal's own (docs/BENCHMARK_NOTEBOOK.md)."""
     out = list(checked)
     groups: dict[tuple[Span, ...], list[int]] = {}
     for k, c in enumerate(checked):

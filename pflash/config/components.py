@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 EMBEDDED_SMOLLM2 = "embedded:smollm2-135m"
-# The embedded drafter's measured scoring layer (BENCHMARKS.md: layer 8 of 30 with
+# The embedded drafter's measured scoring layer (docs/BENCHMARK_NOTEBOOK.md: layer 8 of 30 with
 # the head and probe trained for it keeps the evidence layer 17 keeps, at half the cost) and
 # the layers a trained head and probe ship for (pflash/data; None = the profile default, 17).
 EMBEDDED_HEAD_LAYER = 8

@@ -74,7 +74,7 @@ def evidence_weights(
     """The passage-evidence weights with `auto` resolved. What likelihood evidence leaves of
     1 goes to the sentence embedder, shared half and half with the tap projection where a
     shipped projection fits the drafter's scoring layer: together they found more evidence
-    than either alone on fresh seeds (BENCHMARKS.md). A weight the operator set
+    than either alone on fresh seeds (docs/BENCHMARK_NOTEBOOK.md). A weight the operator set
     stays as set; an explicit semantic weight keeps an `auto` projection off, so a config
     written before the projection existed means what it meant."""
     rest = max(0.0, 1.0 - likelihood)
