@@ -600,7 +600,7 @@ def _anchor_scores(
     only these seed the cascade). Why the word must name something: in a short context a
     plain word is rare by chance - "sites" in the question met "site.py" in a docstring,
     and the cascade followed "package" through seventeen docstring lines that filled the
-    budget (aggregation at 2K, BENCHMARKS.md)."""
+    budget (aggregation at 2K, docs/BENCHMARK_NOTEBOOK.md)."""
     first_words = {g[0] for g in grams}
     matched_grams: list[dict[tuple[str, ...], int]] = []
     gram_df: Counter = Counter()

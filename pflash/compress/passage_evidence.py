@@ -366,7 +366,7 @@ def _follow_entities(drafter: TokenizedText, checked: list[_Checked]) -> list[_C
     names were the distractor leases in both aggregation cases looked at, and its own lift
     (to 0.9 of its best raw cosine, before the share scale) was a lift to about its median
     passage; with the embedder's pick for both, aggregation on a fresh seed kept 118 of 120
-    facts against 112 with each signal's own (BENCHMARKS.md)."""
+    facts against 112 with each signal's own (docs/BENCHMARK_NOTEBOOK.md)."""
     out = list(checked)
     groups: dict[tuple[Span, ...], list[int]] = {}
     for k, c in enumerate(checked):

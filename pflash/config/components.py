@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 EMBEDDED_SMOLLM2 = "embedded:smollm2-135m"
-# The embedded drafter's measured scoring layer (BENCHMARKS.md: layer 8 of 30 with
+# The embedded drafter's measured scoring layer (docs/BENCHMARK_NOTEBOOK.md: layer 8 of 30 with
 # the head and probe trained for it keeps the evidence layer 17 keeps, at half the cost) and
 # the layers a trained head and probe ship for (pflash/data; None = the profile default, 17).
 EMBEDDED_HEAD_LAYER = 8
@@ -175,11 +175,11 @@ class SelectionConfig(Component):
     )
     select_entity_feedback: bool = Field(
         True,
-        description="With passage evidence (semantic or projection), lift to just below the best passage every passage naming the entity whose passages score best together (a name: a capitalised word never written in lower case, in 3+ passages): a question about one entity that does not name it finds the entity's other facts. On by default (BENCHMARKS.md: 97% of the bench families' evidence with passage cuts, against 78% without); false = every passage keeps its own score.",
+        description="With passage evidence (semantic or projection), lift to just below the best passage every passage naming the entity whose passages score best together (a name: a capitalised word never written in lower case, in 3+ passages): a question about one entity that does not name it finds the entity's other facts. On by default (docs/BENCHMARK_NOTEBOOK.md: 97% of the bench families' evidence with passage cuts, against 78% without); false = every passage keeps its own score.",
     )
     select_passage_cuts: bool = Field(
         True,
-        description="With passage evidence (semantic or projection), cut the candidates at the evidence's passage bounds and rank them by density, so a passage is chosen by its own score and not by the chunk or segment it shares with other passages; the parts of a sentence longer than a passage score its best part. On by default (with entity feedback, BENCHMARKS.md); false = candidates stay the chunks or segments, ranked by select_score.",
+        description="With passage evidence (semantic or projection), cut the candidates at the evidence's passage bounds and rank them by density, so a passage is chosen by its own score and not by the chunk or segment it shares with other passages; the parts of a sentence longer than a passage score its best part. On by default (with entity feedback, docs/BENCHMARK_NOTEBOOK.md); false = candidates stay the chunks or segments, ranked by select_score.",
     )
     select_paragraph_join: bool = Field(
         True, description="Insert paragraph breaks between non-adjacent kept runs."
@@ -407,7 +407,7 @@ class ScoringConfig(Component):
     )
     semantic_embedder_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
-        description="Precision of the sentence embedder's weights: auto (the default) = bfloat16 on a CPU that has it natively (AVX-512 BF16 or AMX flags), 1.7-1.9x faster there with the same passage ranking (BENCHMARKS.md), else float32 (emulated bfloat16 is slower).",
+        description="Precision of the sentence embedder's weights: auto (the default) = bfloat16 on a CPU that has it natively (AVX-512 BF16 or AMX flags), 1.7-1.9x faster there with the same passage ranking (docs/BENCHMARK_NOTEBOOK.md), else float32 (emulated bfloat16 is slower).",
     )
 
     projection_gguf: str | None = Field(

@@ -2,7 +2,7 @@
 
 Why a second, separate model: on questions that paraphrase their evidence, the drafter's
 attention keeps what it keeps for an unrelated question, and its question likelihood ranks
-the evidence passage only loosely (BENCHMARKS.md). A retrieval embedder is trained for
+the evidence passage only loosely (docs/BENCHMARK_NOTEBOOK.md). A retrieval embedder is trained for
 exactly this pairing (questions against the passages that answer them, in other words), and
 at 22M parameters and 6 layers it reads a 7K-token prompt in 1.5-3 s on two cores in float32.
 
@@ -15,7 +15,7 @@ over real tokens, then L2 normalisation (the model's own sentence-transformers m
 Precision (`semantic_embedder_dtype`): on a CPU that multiplies bfloat16 natively (AVX-512
 BF16 or AMX) the weights run in bfloat16, 1.7-1.9x faster on this machine's CPU with the
 same passage ranking (rank correlation >= 0.999 against float32 over bench prompts;
-BENCHMARKS.md); elsewhere bfloat16 is emulated and slower, so `auto` keeps float32 there.
+docs/BENCHMARK_NOTEBOOK.md); elsewhere bfloat16 is emulated and slower, so `auto` keeps float32 there.
 Beside a GPU drafter the embedder runs on the same GPU, where `auto` is bfloat16.
 """
 

@@ -6,7 +6,7 @@ Starts `serve_config.yaml`'s app as shipped (no API keys) on private ports, send
 drawn from `bad_requests.py`, checks `/healthz` after each, and prints one line per
 (family, status) and every answer that was a 5xx, not in the OpenAI envelope, or a hang
 (60 s). The test (`test_generated_bad_requests_never_get_a_5xx_a_hang_or_a_bare_body`)
-asserts the same against the test app; this prints the table BENCHMARKS.md quotes.
+asserts the same against the test app; this prints the table docs/BENCHMARK_NOTEBOOK.md quotes.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def _config(tmp: Path, port: int) -> Path:
         # ... over a dense trunk, as measured: with the windowed trunk (the default for long
         # prompts) this untuned layer's lifts no longer recall the third turn's fact on this
         # 4.5K-token document; the product scorer (layer 8 and its head) recalls all three
-        # facts under either attention, lexical evidence on or off (BENCHMARKS.md)
+        # facts under either attention, lexical evidence on or off (docs/BENCHMARK_NOTEBOOK.md)
         drafter_attention="dense",
     )
     # with fixed segments the app binds no SegmentProbe (deployments/app.py)
@@ -108,7 +108,7 @@ def _config(tmp: Path, port: int) -> Path:
         # passage cuts (the default) serve this 6K-character GPL prompt as
         # line-sized pieces; the needle is kept, but Gemma 270M (a base model) then repeats
         # the question where it answers on the full prompt. Over ten license prompts it
-        # answered 10/10 full, 9/10 without cuts, 8/10 with them (BENCHMARKS.md): what this
+        # answered 10/10 full, 9/10 without cuts, 8/10 with them (docs/BENCHMARK_NOTEBOOK.md): what this
         # app checks is the cross-vocabulary mapping, so it serves chunks and segments whole
         select_passage_cuts=False,
         # keyless on loopback (anonymous_tenant: local); its trace names each request's tenant

@@ -1,7 +1,7 @@
 """A chat of a thousand short messages is planned.
 
 How the planning time grows with the number of messages is a benchmark
-(`python -m pflash_lab.bench.planning`, BENCHMARKS.md); here the same code path runs once at
+(`python -m pflash_lab.bench.planning`, docs/BENCHMARK_NOTEBOOK.md); here the same code path runs once at
 1,000 messages with 64 system messages spread through them, and the plan must come out
 right: the latest user content is the question, every system message is pinned.
 """
