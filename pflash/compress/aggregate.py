@@ -54,6 +54,7 @@ MAX_SENTENCES = 4  # question sentences read at the content's end
 LABEL_CHARS = 20  # "Question:", "Task:": a label read past before a question
 LONG_LINE = 200  # characters: a longer line is sampled by its sentences
 MIN_FREQUENT = 3  # units a word must be in, at least, to count as frequent
+STRUCTURAL_SHARE = 0.9  # a word nearly every unit holds ("Keyword log entry:") tells none apart
 LEAST = frozenset("least fewest rarest rarely less".split())
 
 _WORD = re.compile(r"[a-z0-9]+")
@@ -393,14 +394,17 @@ def frequent_units(texts: Sequence[str]) -> np.ndarray:
     cannot be the answer, while a sample of the whole document keeps ~2 occurrences of each
     asked word at keep 0.1 and makes rare words look as frequent; sampling the units with a
     frequent word first keeps more of each asked word in the same budget, in proportion.
-    Structural words every line shares make every unit frequent: then the sample is the
-    plain one. Linear: one pass over the words."""
+    A word held by `STRUCTURAL_SHARE` of the units or more (the "Keyword log entry:" of
+    every log line) is the units' frame, not an item, and is not counted. Linear: one pass
+    over the words."""
     sets = [set(_WORD.findall(t.lower())) for t in texts]
     df = Counter(w for s in sets for w in s)
-    if not df:
+    frame = {w for w, k in df.items() if k >= STRUCTURAL_SHARE * len(texts)}
+    items = {w: k for w, k in df.items() if w not in frame}
+    if not items:
         return np.zeros(len(texts), dtype=bool)
-    t = max(MIN_FREQUENT, 2 * statistics.median(df.values()))
-    return np.asarray([any(df[w] >= t for w in s) for s in sets], dtype=bool)
+    t = max(MIN_FREQUENT, 2 * statistics.median(items.values()))
+    return np.asarray([any(items.get(w, 0) >= t for w in s) for s in sets], dtype=bool)
 
 
 def _repeated_phrase(unit: AnchoredUnit) -> bool:
@@ -431,7 +435,7 @@ def stratified_candidates(
       `focus` are ranked among themselves and score 1 more, so they are sampled first. Any
       budget the strict selector fills by rank therefore keeps about every k-th unit, for
       the k it allows. With `frequent_first`, the units holding a frequent word
-      (`frequent_units`) form a tier between `focus` and the rest.
+      (`frequent_units`, found within `focus` and within the rest) come first in each.
     """
     drafter = plan.drafter
     n = len(drafter)
@@ -455,10 +459,17 @@ def stratified_candidates(
     optional = ~cands.mandatory
     tiers = [(optional & inside, 2.0), (optional & ~inside, 1.0)]
     if frequent_first:
-        spans = [drafter.char_span(Span(int(b), int(e))) for b, e in zip(begin, end, strict=True)]
-        frequent = frequent_units([drafter.text[slice(*c)] for c in spans])
+        frequent = np.zeros(len(cands), dtype=bool)
+        for group in (optional & inside, optional & ~inside):
+            idx = np.flatnonzero(group)
+            texts = [
+                drafter.text[slice(*drafter.char_span(Span(int(begin[i]), int(end[i]))))]
+                for i in idx
+            ]
+            frequent[idx] = frequent_units(texts)
         tiers = [
-            (optional & inside, 3.0),
+            (optional & inside & frequent, 4.0),
+            (optional & inside & ~frequent, 3.0),
             (optional & ~inside & frequent, 2.0),
             (optional & ~inside & ~frequent, 1.0),
         ]

@@ -222,8 +222,9 @@ def test_frequent_units_are_those_holding_a_word_many_units_hold():
     lines = [f"{i}. {'apple' if i % 4 == 0 else f'rare{i // 2}'}" for i in range(400)]
     frequent = frequent_units(lines)
     assert frequent.tolist() == [i % 4 == 0 for i in range(400)]
-    shared = [f"Keyword log entry: rare{i}" for i in range(50)]  # a word every line holds
-    assert frequent_units(shared).all()
+    # the frame every log line shares is no item: the repeated keywords are what is frequent
+    log = [f"Keyword log entry: {'alpha' if i % 5 == 0 else f'rare{i}'}." for i in range(50)]
+    assert frequent_units(log).tolist() == [i % 5 == 0 for i in range(50)]
     assert frequent_units([]).size == 0 and not frequent_units(["", "  "]).any()
 
 
