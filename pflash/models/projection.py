@@ -91,6 +91,35 @@ def pooled_rows(tap: np.ndarray, spans: Sequence[Span], eps: float = RMS_EPS) ->
     return out
 
 
+def reused_pooled_rows(
+    tap: np.ndarray,
+    spans: Sequence[Span],
+    eps: float = RMS_EPS,
+    memo: dict[Span, np.ndarray] | None = None,
+    reusable_end: int = 0,
+) -> np.ndarray:
+    """`pooled_rows(tap, spans)`, reading from `memo` the spans that end by `reusable_end`.
+
+    Why: a conversation's later turn asks for the same passages of its unchanged prefix
+    again, and pooling them is the projection's cost that grows with the conversation
+    (~75 ms at 16K tokens). `memo` is the conversation's (the drafter session keeps it);
+    `reusable_end` the rows this pass reused from the session, the only rows known to be
+    the ones the memo was pooled from. Each span is pooled on its own, so a remembered
+    vector is exactly what pooling it again would give. The memo is left holding this
+    call's spans only (bounded by the prompt's passages; an entry past `reusable_end` was
+    pooled from rows that have since changed and is never read)."""
+    if memo is None:
+        return pooled_rows(tap, spans, eps)
+    known = {s: v for s, v in memo.items() if s.end <= reusable_end}
+    missing = [s for s in spans if s not in known]
+    fresh = dict(zip(missing, pooled_rows(tap, missing, eps), strict=True)) if missing else {}
+    memo.clear()
+    out = np.empty((len(spans), np.asarray(tap).shape[1]), dtype=np.float64)
+    for i, span in enumerate(spans):
+        out[i] = memo[span] = known[span] if span in known else fresh[span]
+    return out
+
+
 def projected_cosines(weight, question, passages):
     """Cosine of the projected question to each projected passage: [n].
 
@@ -244,10 +273,18 @@ class TapProjection:
     identity: ProjectionIdentity
     path: str
 
-    def similarity(self, tap: np.ndarray, question: Span, passages: Sequence[Span]) -> np.ndarray:
+    def similarity(
+        self,
+        tap: np.ndarray,
+        question: Span,
+        passages: Sequence[Span],
+        memo: dict[Span, np.ndarray] | None = None,
+        reusable_end: int = 0,
+    ) -> np.ndarray:
         """Cosine of each passage to the question, float64 [len(passages)] in [-1, 1].
 
-        `tap` float [S, n_embd]; `question` and `passages` drafter spans inside it.
+        `tap` float [S, n_embd]; `question` and `passages` drafter spans inside it. `memo`
+        and `reusable_end`: a conversation's pooled passages (`reused_pooled_rows`).
         ValueError on a tap of the wrong width, an empty or out-of-range span, or
         non-finite rows."""
         tap = np.asarray(tap)
@@ -256,7 +293,7 @@ class TapProjection:
         if not passages:
             return np.zeros(0, dtype=np.float64)
         q = pooled_rows(tap, [question], self.norm_eps)[0]  # [n_embd]
-        p = pooled_rows(tap, passages, self.norm_eps)  # [n, n_embd]
+        p = reused_pooled_rows(tap, passages, self.norm_eps, memo, reusable_end)  # [n, n_embd]
         return np.asarray(projected_cosines(self.weight, q, p), dtype=np.float64)
 
 

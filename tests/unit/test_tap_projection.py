@@ -290,3 +290,21 @@ def test_training_learns_what_a_random_projection_misses():
     assert trained.recall_top == best  # the best epoch's weight is the one returned
     assert init < 0.5
     assert trained.recall_top >= 0.8
+
+
+def test_remembered_pooled_passages_are_read_only_where_the_rows_were_reused():
+    from pflash.models.projection import pooled_rows, reused_pooled_rows
+
+    rng = np.random.default_rng(3)
+    tap = rng.normal(size=(40, 8)).astype(np.float32)
+    spans = [Span(0, 10), Span(10, 20), Span(20, 30), Span(30, 40)]
+    marker = np.full(8, 7.0)
+    memo = {Span(0, 10): marker, Span(20, 30): marker, Span(5, 6): marker}
+    out = reused_pooled_rows(tap, spans, memo=memo, reusable_end=25)
+    exact = pooled_rows(tap, spans)
+    np.testing.assert_array_equal(out[0], marker)  # inside the reused rows: read
+    np.testing.assert_array_equal(out[1:], exact[1:])  # ends past row 25: pooled again
+    assert set(memo) == set(spans)  # this call's spans only
+    np.testing.assert_array_equal(memo[Span(20, 30)], exact[2])
+    again = reused_pooled_rows(tap, spans, memo={}, reusable_end=40)
+    np.testing.assert_array_equal(again, exact)

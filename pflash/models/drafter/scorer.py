@@ -345,18 +345,30 @@ class DrafterScorer:
             else:
                 result = self._score_legacy(req, with_head=req.scorer == "split")
             if req.projection_passages:
-                result = self._with_projection(req, result)
+                result = self._with_projection(req, result, use_session=use_session)
                 result = result if asked_tap else replace(result, tap=None)
             if req.semantic_texts:
                 return self._with_semantic(req, result, use_session=use_session)
             return result
 
-    def _with_projection(self, req: ScoreRequest, result: ScoreResult) -> ScoreResult:
-        """`result` with each asked passage's tap-projection cosine to the question."""
+    def _with_projection(
+        self, req: ScoreRequest, result: ScoreResult, *, use_session: bool
+    ) -> ScoreResult:
+        """`result` with each asked passage's tap-projection cosine to the question; the
+        passages of the rows this pass reused are pooled once per conversation."""
         t0 = time.perf_counter()
+        session = (
+            self.sessions.get(req.session_key)
+            if use_session and req.scorer == "head" and req.session_key
+            else None
+        )
         try:
             sims = self.tap_projection().similarity(
-                result.tap, req.projection_question, req.projection_passages
+                result.tap,
+                req.projection_question,
+                req.projection_passages,
+                memo=session.pooled if session is not None else None,
+                reusable_end=result.scorer_resume,
             )
         except ValueError as exc:
             raise CompressionFailed("drafter", f"projection: {exc}") from exc
@@ -498,6 +510,7 @@ class DrafterScorer:
             keys_from_head=self.head is not None,
             tap=tap,
             checkpoint=checkpoint,
+            pooled=old.pooled if old is not None else {},  # entries past the resume go unread
         )
         if old is not None:  # rows computed on the reused prefix stay valid
             for span, r in old.rows.items():
