@@ -34,7 +34,7 @@ class SegmentProbeDeployment:
         cfg = build_part(ScoringConfig, config)
         identity = drafter_probe_identity(cfg)
         path = resolve_artefact("probe", cfg.segment_probe_gguf, cfg.drafter, identity.feature_tap)
-        self.probe = load_segment_probe(path, identity)
+        self.probe = load_segment_probe(path, identity, memo=cfg.drafter_sessions)
         log.info(
             "SegmentProbe ready: %s (threshold %.3f, min %d, max %d)",
             path,

@@ -65,6 +65,9 @@ class ScoreResult:
       question, float32 [len(projection_passages)]; None when none was asked.
     - `scorer_resume`: tokens reused from a drafter session; `scorer_new_tokens`: tokens
       run through the drafter this call; `scorer_forward_ms`: drafter forward wall time.
+    - `tap_id`: names this tap when a drafter session keeps it (else None); `tap_parent`:
+      the `tap_id` of the tap whose first `scorer_resume` rows this one reuses, None when it
+      reuses none. The probe keeps its per-row logits by these (`SegmentProbe.memo`).
     """
 
     mass: np.ndarray | None
@@ -76,6 +79,8 @@ class ScoreResult:
     extras: dict = field(default_factory=dict)
     semantic: np.ndarray | None = None
     projection: np.ndarray | None = None
+    tap_id: str | None = None
+    tap_parent: str | None = None
 
 
 Scorer = Callable[[ScoreRequest], ScoreResult]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from pflash.compress.scoring import ScoreResult
 from pflash.compress.segments import ProbeParams
 from pflash.config.artefacts import refuse_unbound, resolve_artefact
 from pflash.errors import CompressionFailed, ModelUnavailable
+from pflash.models.drafter.sessions import SessionTable
 
 PROBE_ARCH = "segmentprobe"
 NS = "segmentprobe"
@@ -457,39 +459,80 @@ def _heads(net: ProbeNet):
 @dataclass(frozen=True, eq=False)
 class SegmentProbe:
     """A loaded probe, bound to one drafter. Call it with the drafter's `ScoreResult`
-    (the pipeline's `probe` callable) or `boundaries(tap)` with the tap itself."""
+    (the pipeline's `probe` callable) or `boundaries(tap)` with the tap itself.
+
+    `memo`: the per-row logits of the drafter's recent taps, by `ScoreResult.tap_id`. Why:
+    a conversation's later turn sends the whole tap again, and the network over every row
+    is the probe's cost that grows with the conversation (~160 ms at 16K tokens, one
+    thread). The rows a drafter session reused (`scorer_resume`, from the tap its
+    `tap_parent` names) are the very rows the probe read last time, and each row's logits
+    depend on that row alone (norm, fc1, gelu, fc2): only the new rows go through the
+    network, and the smoothing, which looks at neighbours, runs over the whole tap as
+    before. A parent the memo no longer holds (evicted, another replica, a failed call)
+    means every row goes through the network, as without a memo."""
 
     net: ProbeNet
     params: ProbeParams
     identity: ProbeIdentity
     path: str
+    memo: SessionTable = field(default_factory=lambda: SessionTable(0))
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def boundaries(self, tap: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """tap float [S, n_embd] -> (unit probabilities float32 [S], sub-unit or None)."""
+    def boundaries(
+        self, tap: np.ndarray, reused: RawLogits | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """tap float [S, n_embd] -> (unit probabilities float32 [S], sub-unit or None).
+        `reused`: the raw logits of the first rows, known from an earlier pass over them."""
+        return self._boundaries(tap, reused)[0]
+
+    def _boundaries(self, tap, reused):
         tap = np.asarray(tap)
         if tap.ndim != 2 or tap.shape[1] != self.identity.n_embd:
             raise CompressionFailed(
                 "probe", f"tap has shape {tap.shape}, expected [S, {self.identity.n_embd}]"
             )
-        x = torch.from_numpy(np.ascontiguousarray(tap, dtype=np.float32))
+        start = 0 if reused is None else int(reused[0].shape[0])
+        x = torch.from_numpy(np.ascontiguousarray(tap[start:], dtype=np.float32))
         x = x.to(self.net.norm.weight.device)  # the net sits on the default device it was built on
         with torch.inference_mode():
-            unit, sub = self.net.probabilities(x)
+            unit, sub = self.net.raw_logits(x)
+            if reused is not None:
+                unit = torch.cat((reused[0], unit))
+                sub = torch.cat((reused[1], sub)) if sub is not None else None
+            raw = (unit, sub)
+            unit = torch.sigmoid(self.net.smooth(unit, self.net.conv))
+            if sub is not None:
+                sub = torch.sigmoid(self.net.smooth(sub, self.net.subunit_conv))
         if not bool(torch.isfinite(unit).all()):
             raise CompressionFailed("probe", "non-finite boundary probabilities")
-        return unit.cpu().numpy(), (sub.cpu().numpy() if sub is not None else None)
+        return (unit.cpu().numpy(), (sub.cpu().numpy() if sub is not None else None)), raw
 
     def __call__(self, scores: ScoreResult) -> tuple[np.ndarray, np.ndarray | None]:
         if scores.tap is None:
             raise CompressionFailed(
                 "probe", "the drafter returned no tap (the request must set want_tap)"
             )
-        return self.boundaries(scores.tap)
+        reused = None
+        if scores.tap_parent is not None and scores.scorer_resume > 0:
+            with self._lock:
+                parent = self.memo.get(scores.tap_parent)
+            if parent is not None and parent[0].shape[0] >= scores.scorer_resume:
+                r = scores.scorer_resume
+                reused = (parent[0][:r], parent[1][:r] if parent[1] is not None else None)
+        out, raw = self._boundaries(scores.tap, reused)
+        if scores.tap_id is not None:
+            with self._lock:
+                self.memo.put(scores.tap_id, raw)
+        return out
 
 
-def load_segment_probe(path: str | Path, expected: ProbeIdentity) -> SegmentProbe:
+RawLogits = tuple[torch.Tensor, torch.Tensor | None]  # unit [n], sub-unit [n] or None
+
+
+def load_segment_probe(path: str | Path, expected: ProbeIdentity, memo: int = 0) -> SegmentProbe:
     """Read a probe file and bind it to the drafter `expected` describes; refuse with the
-    mismatch named (schema, base model, tap, drafter sha256, tap width)."""
+    mismatch named (schema, base model, tap, drafter sha256, tap width). `memo`: how many
+    drafter taps' row logits to keep (`SegmentProbe.memo`; the drafter's session count)."""
     f = read_probe_gguf(path)
     where = f"segment probe {path}"
     if f.schema not in expected.schemas:
@@ -503,7 +546,9 @@ def load_segment_probe(path: str | Path, expected: ProbeIdentity) -> SegmentProb
             f"{where}: {NS}.norm.weight has {f.n_embd} features, the drafter's tap has "
             f"{expected.n_embd}"
         )
-    return SegmentProbe(ProbeNet.from_file(f), f.params, expected, str(path))
+    return SegmentProbe(
+        ProbeNet.from_file(f), f.params, expected, str(path), memo=SessionTable(memo)
+    )
 
 
 def probe_for(config, scorer) -> SegmentProbe | None:
@@ -515,4 +560,4 @@ def probe_for(config, scorer) -> SegmentProbe | None:
     path = resolve_artefact(
         "probe", config.segment_probe_gguf, config.drafter, identity.feature_tap
     )
-    return load_segment_probe(path, identity)
+    return load_segment_probe(path, identity, memo=config.drafter_sessions)

@@ -241,3 +241,20 @@ def test_session_table_get_refreshes_recency():
     table.get("a")
     table.put("c", session(()))
     assert table.keys() == ["a", "c"]
+
+
+def test_a_resumed_tap_names_the_tap_whose_rows_it_reuses(scorer):
+    """What the segment probe's memo relies on: `tap_parent` names the earlier tap, and the
+    rows up to `scorer_resume` are that tap's rows, unchanged."""
+    scorer.sessions.drop("chain")
+    first = scorer(
+        ScoreRequest(**{**turn_one().__dict__, "session_key": "chain", "want_tap": True})
+    )
+    resumed = scorer(turn_two("chain", want_tap=True))
+    assert first.tap_id and first.tap_parent is None
+    assert resumed.tap_parent == first.tap_id and resumed.tap_id != first.tap_id
+    r = resumed.scorer_resume
+    assert r > 0
+    np.testing.assert_array_equal(resumed.tap[:r], first.tap[:r])
+    scratch = scorer(turn_two(None, want_tap=True))
+    assert scratch.tap_id is None and scratch.tap_parent is None  # no session, no name

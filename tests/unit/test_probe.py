@@ -305,3 +305,35 @@ def test_segment_probe_fails_closed_without_a_fitting_tap(tmp_path):
     assert err.value.stage == "probe"
     with pytest.raises(CompressionFailed, match=r"expected \[S, 12\]"):
         probe.boundaries(np.zeros((4, 11), np.float32))
+
+
+def test_a_later_tap_runs_only_its_new_rows_through_the_probe(tmp_path):
+    """The rows a drafter session reused keep the logits the probe computed for its parent
+    tap; the result equals the whole tap through the probe, subunit head included."""
+    path = write_probe_gguf(tmp_path / "p.gguf", probe_file())
+    probe = load_segment_probe(path, IDENTITY, memo=4)
+    scratch = load_segment_probe(path, IDENTITY)
+    rng = np.random.default_rng(5)
+    first = rng.standard_normal((40, N_EMBD)).astype(np.float32)
+    later = np.concatenate((first[:32], rng.standard_normal((20, N_EMBD)).astype(np.float32)))
+    rows_seen = []
+    real = probe.net.raw_logits
+    probe.net.raw_logits = lambda x: rows_seen.append(x.shape[0]) or real(x)
+
+    probe(ScoreResult(mass=None, tap=first, tap_id="a"))
+    out = probe(ScoreResult(mass=None, tap=later, scorer_resume=32, tap_id="b", tap_parent="a"))
+    assert rows_seen == [40, 20]  # the second tap's 32 reused rows were not run again
+    expected = scratch(ScoreResult(mass=None, tap=later))
+    np.testing.assert_allclose(out[0], expected[0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(out[1], expected[1], rtol=1e-6, atol=1e-7)
+
+    # an identical retry reuses every row
+    again = probe(ScoreResult(mass=None, tap=later, scorer_resume=52, tap_id="d", tap_parent="b"))
+    assert rows_seen[-1] == 0
+    np.testing.assert_allclose(again[0], expected[0], rtol=1e-6, atol=1e-7)
+    # a parent the memo does not hold (evicted, another replica): every row runs
+    probe(ScoreResult(mass=None, tap=later, scorer_resume=32, tap_id="c", tap_parent="zz"))
+    assert rows_seen[-1] == 52
+    # no memo (drafter_sessions 0): nothing is kept
+    scratch(ScoreResult(mass=None, tap=first, tap_id="a"))
+    assert len(scratch.memo) == 0

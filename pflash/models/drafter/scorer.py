@@ -42,6 +42,7 @@ import logging
 import sys
 import threading
 import time
+import uuid
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
@@ -452,12 +453,17 @@ class DrafterScorer:
             tap = torch.cat(([session.tap[: plan.resume]] if session else []) + fwd.tap)
         rows = fwd.window_rows() | {span: session.rows[span] for span in plan.stored}
         mass, scored = self._head_mass(req, keys, rows, skipped=plan.skipped)
+        tap_id = tap_parent = None
         if key is not None:
             new = self._next_session(session, plan, ids, cache, keys, tap, rows, fwd, req.windows)
             self.sessions.put(key, new)
+            tap_id = new.tap_id
+            tap_parent = session.tap_id if session is not None and plan.resume > 0 else None
         return ScoreResult(
             mass=mass,
             tap=tap.cpu().numpy() if tap is not None else None,
+            tap_id=tap_id,
+            tap_parent=tap_parent,
             scorer_resume=plan.resume,
             scorer_new_tokens=len(ids) - plan.resume,
             scorer_forward_ms=fwd.ms,
@@ -511,6 +517,7 @@ class DrafterScorer:
             tap=tap,
             checkpoint=checkpoint,
             pooled=old.pooled if old is not None else {},  # entries past the resume go unread
+            tap_id=uuid.uuid4().hex if tap is not None else None,
         )
         if old is not None:  # rows computed on the reused prefix stay valid
             for span, r in old.rows.items():

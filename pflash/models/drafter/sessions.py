@@ -55,6 +55,7 @@ class DrafterSession:
     rows: OrderedDict = field(default_factory=OrderedDict)  # Span -> torch.Tensor [n, hidden]
     checkpoint: RecurrentCheckpoint | None = None
     pooled: dict = field(default_factory=dict)  # Span -> the tap projection's pooled row
+    tap_id: str | None = None  # names `tap` (ScoreResult.tap_id)
 
     def remember_rows(self, span: Span, rows) -> None:
         """Store a window's rows as the most recent; keep at most MAX_STORED_WINDOWS."""
