@@ -313,6 +313,8 @@ class Compressor:
             # one deadline for the scoring calls: a hung replica fails this request (504)
             # instead of holding it until request_timeout_s
             async with asyncio.timeout(config.remote_call_timeout_s):
+                called = time.perf_counter()
+                probe_wait_ms = 0.0
                 response = self.scorer(prepared.score_request, request.conversation)
                 boundary = subunit = probe_params = None
                 if self.probe is not None and prepared.score_request.want_tap:
@@ -325,6 +327,7 @@ class Compressor:
                     stage = "drafter"
                     try:
                         boundary, subunit = await self.probe.segment(response)
+                        probe_wait_ms = _ms_since(called)
                     except Exception:
                         # the probe reads the drafter's response: when the drafter failed,
                         # the probe only reports that an input died; the drafter's own error
@@ -333,6 +336,7 @@ class Compressor:
                         stage = "probe"
                         raise
                 scores = await response
+                drafter_wait_ms = _ms_since(called)
             stage = "selection"  # the scores are in: a failure from here on is not the drafter's
             result = await self.offload(
                 finish,
@@ -361,7 +365,8 @@ class Compressor:
             raise CompressionFailed(stage, f"{type(err).__name__}: {err}") from None
         self.record("pflash_compression_seconds", result.stats.get("compress_ms", 0.0) / 1000.0)
         self.record("pflash_drafter_forward_seconds", scores.scorer_forward_ms / 1000.0)
-        return result
+        waits = {"drafter_wait_ms": drafter_wait_ms, "probe_wait_ms": probe_wait_ms}
+        return replace(result, stats={**result.stats, **waits})
 
     async def _serve_view(
         self, prepared, request: CompressionRequest
@@ -369,6 +374,7 @@ class Compressor:
         """The multi-turn path (§6.1): look the conversation's view up, decide, run the
         drafter only when the decision needs a fresh compression, remember the new view."""
         tenant = request.tenant
+        started = time.perf_counter()
         keys = view_keys(prepared, self.target_tokenizer, self.drafter_tokenizer)
         view = await self._store_call(
             "lookup", tenant, keys, default=None, timeout_s=request.config.store_call_timeout_s
@@ -386,6 +392,7 @@ class Compressor:
             )
 
         decision = await self.offload(decide, None)
+        view_ms = _ms_since(started)
         fresh = None
         if decision.needs_compression:
             # new material the view appends is also selected on its own (§6.1 step 9)
@@ -404,7 +411,9 @@ class Compressor:
             self.record("pflash_recalled_tokens", decision.recalled_tokens)
         if decision.mode == "rebuild":
             self.record("pflash_rebuilds", reason=decision.reason or "rebuild")
-        return served_result(decision, prepared, fresh), decision.snapshot_cut
+        served = served_result(decision, prepared, fresh)
+        served = replace(served, stats={**served.stats, "view_ms": view_ms})
+        return served, decision.snapshot_cut
 
     async def _store_call(
         self, method: str, *args: Any, default: Any, timeout_s: float | None = None
@@ -552,6 +561,10 @@ def _cancel(response: Any) -> None:
     cancel = getattr(response, "cancel", None)
     if cancel is not None:
         cancel()
+
+
+def _ms_since(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000.0, 1)
 
 
 def unwrap_remote_error(exc: BaseException) -> BaseException:

@@ -37,7 +37,11 @@ class PFlashStats(BaseModel):
     `plan_ms` (planning before the drafter: queries, pinned spans, token mapping, budget),
     `scorer_forward_ms` (the drafter's forward), `select_ms` (selection, assembly, the
     ceiling), and `compress_ms` from the end of planning to the served prompt (the drafter's
-    queue and transfer are `compress_ms - scorer_forward_ms - select_ms`); `drafter_input_tokens` and
+    queue and transfer are `compress_ms - scorer_forward_ms - select_ms`); `drafter_wait_ms`
+    from the drafter call to its scores in the flow (queue, forward, the embedder and
+    projection passes, transfer), `probe_wait_ms` from that call to the segment probe's
+    boundaries (0 without a probe), `view_ms` the view lookup and decision before the drafter
+    is called (0 without a view); `drafter_input_tokens` and
     `kept_tokens` drafter tokens; `compressed_tokens` target tokens served; `served_ratio`
     served / original target tokens on every path (1.0 when served as sent); `keep_ratio`
     an alias of `served_ratio`, always equal to it (the field's name before the split);
@@ -64,6 +68,9 @@ class PFlashStats(BaseModel):
     compress_ms: float = 0.0
     plan_ms: float = 0.0
     select_ms: float = 0.0
+    drafter_wait_ms: float = 0.0
+    probe_wait_ms: float = 0.0
+    view_ms: float = 0.0
     drafter_input_tokens: int = 0
     kept_tokens: int = 0
     compressed_tokens: int = 0

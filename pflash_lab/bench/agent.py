@@ -58,6 +58,9 @@ STAGES = (
     "semantic_ms",
     "projection_ms",
     "select_ms",
+    "view_ms",
+    "drafter_wait_ms",
+    "probe_wait_ms",
 )
 
 

@@ -100,6 +100,7 @@ class App:
             "prompt": compressed.served_text,
             "prompt_tokens": compressed.original_tokens,
             "stats": _stats(compressed),
+            "timed": {k: v for k, v in compressed.stats.items() if k in TIMED},
         }
 
 
@@ -167,3 +168,16 @@ def test_pflash_compress_serves_the_prompt_the_app_served(smollm2_tokenizer, mon
     want = RECORDED["cases"]["chat_always"]
     assert report.prompt == want["prompt"]
     assert report.stats["compressed_tokens"] == want["stats"]["compressed_tokens"]
+
+
+def test_the_flow_reports_where_its_compression_time_went(replayed):
+    """Every turn whose drafter ran reports the wait for its scores (which holds the
+    forward) and for the probe's boundaries; every chat turn reports its view time."""
+    turns = [t for conv in replayed["conversations"].values() for t in conv]
+    ran = [t for t in turns if t["timed"].get("scorer_forward_ms", 0) > 0]
+    assert ran and all(t["timed"]["view_ms"] > 0 for t in turns)
+    for t in ran:
+        assert t["timed"]["drafter_wait_ms"] >= t["timed"]["scorer_forward_ms"] > 0
+        # the probe reads the drafter's response, and the flow awaits the scores after it
+        assert 0 <= t["timed"]["probe_wait_ms"] <= t["timed"]["drafter_wait_ms"]
+    assert any(t["timed"]["probe_wait_ms"] > 0 for t in ran)  # variants with a probe
