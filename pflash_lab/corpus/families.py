@@ -28,6 +28,7 @@ from pflash_lab.corpus.cases import (
 from pflash_lab.corpus.nonliteral import (
     aggregation,
     described_code,
+    described_library_code,
     multi_turn_paraphrase,
     paraphrased_needle,
 )
@@ -45,6 +46,7 @@ FAMILIES: dict[str, Callable[[CaseSpec, CountTokens], BenchCase]] = {
     "system_document": system_document,
     "paraphrased_needle": paraphrased_needle,
     "described_code": described_code,
+    "described_library_code": described_library_code,
     "multi_turn_paraphrase": multi_turn_paraphrase,
     "aggregation": aggregation,
 }

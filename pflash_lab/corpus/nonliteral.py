@@ -19,6 +19,9 @@ exactly once and the question stays unambiguous.
 - `paraphrased_needle`: one asked fact of an invented entity at a depth.
 - `described_code`: real stdlib functions as in `code_retrieval`; the question describes
   what one of them does in words absent from its whole source.
+- `described_library_code`: as `described_code` over the files of a third-party library
+  (Jinja2, `pflash_lab.corpus.library_descriptions`) that no other family reads; the
+  evidence is the asked function whole, not only its `def` line.
 - `multi_turn_paraphrase`: three facts of one entity early, middle and late, asked one per
   turn.
 - `aggregation`: five facts of one organisation scattered through the text, all asked in
@@ -31,12 +34,15 @@ of its `CaseSpec` and token counter, like those of `pflash_lab.corpus.cases`.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import itertools
 import random
 import re
 from collections.abc import Iterator
 from dataclasses import replace
 from functools import lru_cache
+from pathlib import Path
 
 from pflash_lab.corpus.cases import (
     BenchCase,
@@ -56,6 +62,7 @@ from pflash_lab.corpus.code_descriptions import (
     FunctionDescription,
     usable_descriptions,
 )
+from pflash_lab.corpus.library_descriptions import LIBRARY_FUNCTIONS, LIBRARY_PACKAGE
 from pflash_lab.corpus.paraphrase import (
     AGGREGATE_FRAMES,
     ORGANISATION,
@@ -312,4 +319,109 @@ def described_code(spec: CaseSpec, count: CountTokens) -> BenchCase:
     files = pack_modules(others, budget - count(own) - 2, count)
     files.insert(rng.randrange(len(files) + 1), own)
     turn = Turn(question, (target.name,), (target.def_line,), max_tokens=16)
+    return BenchCase(spec, FILE_SEPARATOR.join(files), (turn,))
+
+
+# --------------------------------------------------------------------------- described library code
+
+
+@lru_cache(maxsize=1)
+def library_functions() -> tuple[tuple[str, tuple[CodeFunction, ...]], ...]:
+    """Per module of `LIBRARY_PACKAGE` (named `package/stem`), its top-level undecorated
+    functions of 4-60 lines, by the rule of `code_functions`; modules with fewer than 3 are
+    left out. Empty when the package is not installed."""
+    spec = importlib.util.find_spec(LIBRARY_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    root = Path(next(iter(spec.submodule_search_locations)))
+    out = []
+    for path in sorted(root.glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        lines = text.splitlines()
+        module = f"{LIBRARY_PACKAGE}/{path.stem}"
+        funcs = []
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef) or node.decorator_list:
+                continue
+            if not 4 <= node.end_lineno - node.lineno + 1 <= 60:
+                continue
+            source = "\n".join(lines[node.lineno - 1 : node.end_lineno])
+            doc = ast.get_docstring(node) or ""
+            summary = doc.strip().splitlines()[0].strip() if doc.strip() else ""
+            funcs.append(CodeFunction(module, node.name, source, summary))
+        if len(funcs) >= 3:
+            out.append((module, tuple(funcs)))
+    return tuple(out)
+
+
+@lru_cache(maxsize=1)
+def described_library_functions() -> tuple[tuple[FunctionDescription, CodeFunction], ...]:
+    """The entries of `LIBRARY_FUNCTIONS` the installed library still has, each reduced to
+    its descriptions that share no word with that function's source (`usable_descriptions`);
+    an entry with none left is dropped."""
+    found = {(m, f.name): f for m, funcs in library_functions() for f in funcs}
+    out = []
+    for desc in LIBRARY_FUNCTIONS:
+        func = found.get((f"{LIBRARY_PACKAGE}/{desc.module}", desc.name))
+        usable = usable_descriptions(desc, func.source) if func else ()
+        if usable:
+            out.append((replace(desc, descriptions=usable), func))
+    return tuple(out)
+
+
+def _window(
+    module: str, funcs: tuple[CodeFunction, ...], i: int, cap: int, count: CountTokens
+) -> tuple[CodeFunction, ...]:
+    """The longest run of `funcs` around `funcs[i]` whose file fits `cap` tokens, grown one
+    function at a time on alternate sides (the target alone when nothing more fits)."""
+    lo, hi = i, i + 1
+    grown = True
+    while grown:
+        grown = False
+        for lo2, hi2 in ((lo, hi + 1), (lo - 1, hi)):
+            if 0 <= lo2 and hi2 <= len(funcs):
+                if count(_module_text(module, funcs[lo2:hi2])) <= cap:
+                    lo, hi, grown = lo2, hi2, True
+    return funcs[lo:hi]
+
+
+def described_library_code(spec: CaseSpec, count: CountTokens) -> BenchCase:
+    """Library files, as `described_code` packs stdlib modules: the target's file holds the
+    longest run of its module's functions around the target that fits half the body, the
+    other library modules (none defining a function of the target's name) fill the rest,
+    and stdlib modules only what the library cannot. The evidence is the target's whole
+    source: an answer needs the function, not its name alone."""
+    rng = random.Random(spec.seed)
+    described = described_library_functions()
+    if not described:
+        raise ValueError(f"{spec.case_id}: {LIBRARY_PACKAGE} is not installed")
+    frame = rng.choice(CODE_QUESTION_FRAMES)
+    desc, target = rng.choice(described)
+    question = frame.format(description=rng.choice(desc.descriptions))
+    budget = _body_tokens(spec, count, [question])
+    modules = dict(library_functions())
+    funcs = modules[target.module]
+    own_funcs = _window(target.module, funcs, funcs.index(target), budget // 2, count)
+    own = _module_text(target.module, own_funcs)
+    others = [
+        (m, fs)
+        for m, fs in modules.items()
+        if m != target.module and all(f.name != target.name for f in fs)
+    ]
+    rng.shuffle(others)
+    rest = budget - count(own) - 2
+    files = pack_modules(others, rest, count)
+    left = rest - sum(count(f) + 2 for f in files)
+    if left > budget // 10:
+        names = {f.name for f in own_funcs}
+        stdlib = [(m, fs) for m, fs in code_functions() if all(f.name not in names for f in fs)]
+        rng.shuffle(stdlib)
+        files += pack_modules(stdlib, left, count)
+    rng.shuffle(files)
+    files.insert(rng.randrange(len(files) + 1), own)
+    turn = Turn(question, (target.name,), (target.source,), max_tokens=16)
     return BenchCase(spec, FILE_SEPARATOR.join(files), (turn,))
