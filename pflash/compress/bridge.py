@@ -10,7 +10,8 @@ the entity whose passages score best together, which is the question's own entit
 one its passage brings in. Here the best passages that name a name of the question (hop 1)
 are read for the names the question lacks (the bridge: the last such name of each run of
 names, "Quell" of "Mara Quell", the way later sentences name a person), and the best-scoring
-passages naming the bridge are lifted, as entity feedback lifts (`lift_passages`).
+passages naming the bridge are lifted, as entity feedback lifts, to just above the level
+entity feedback lifts to (`lift_groups`).
 
 Bounded and cheap: a scan of the passages for names (linear), no model call; at most
 `HOP1_PASSAGES` passages are read and `MAX_LIFTED` passages lifted, and scores only rise.
@@ -28,10 +29,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pflash.compress.entity_feedback import LIFT, names
+from pflash.compress.entity_feedback import names
 from pflash.compress.lexical import STOPWORDS
 from pflash.compress.sentences import opens_sentence
 
+# above entity feedback's `LIFT`: a question's own entity is followed for every signal, and
+# its lifted passages (the works of the same name, 0.9 of the best) otherwise tie with the
+# second hop and win by position (a two_hop case at 2K lost its second hop so)
+BRIDGE_LIFT = 0.95
 HOP1_PASSAGES = 3  # the best passages naming the question's names, read for the bridge
 MAX_LIFTED = 3  # per bridge name: its best-scoring passages lifted
 MIN_PASSAGES = 2  # a bridge name is in the hop-1 passage and at least one other
@@ -84,9 +89,9 @@ def second_hop(
     max_share: float = MAX_SHARE,
 ) -> list[list[int]]:
     """Groups of passages to lift for these per-passage scores: each hop-1 passage (of the
-    best `hop1_passages` naming a name of `question`, scoring above 0) with the
-    best-scoring `max_lifted` other passages of each bridge name it contributes
-    (`bridge_names`). Empty when the question names nothing, no passage names it, or its
+    `hop1_passages` scoring above 0 that name most of the names of `question`, best
+    first) with the best-scoring `max_lifted` other passages of each bridge name it
+    contributes (`bridge_names`). Empty when the question names nothing, no passage names it, or its
     passages name nothing else the text repeats."""
     values = np.asarray(values, dtype=np.float64)
     if len(texts) != values.shape[0]:
@@ -94,8 +99,11 @@ def second_hop(
     asked = question_names(question)
     if not asked or float(values.max(initial=0.0)) <= 0.0:
         return []
-    naming = [i for i, t in enumerate(texts) if values[i] > 0 and asked & set(_NAME.findall(t))]
-    hop1 = sorted(naming, key=lambda i: -values[i])[:hop1_passages]
+    named = [(len(asked & set(_NAME.findall(t))), float(values[i])) for i, t in enumerate(texts)]
+    naming = [i for i, (n, v) in enumerate(named) if n and v > 0]
+    # the passages naming most of the question's names first ("The Velvet Frontier", not
+    # "The Winter Frontier"), then by score
+    hop1 = sorted(naming, key=lambda i: (-named[i][0], -named[i][1]))[:hop1_passages]
     if not hop1:
         return []
     found = names(texts, max_share, MIN_PASSAGES)
@@ -107,11 +115,24 @@ def second_hop(
     return groups
 
 
-def lift_second_hop(texts: Sequence[str], values: np.ndarray, question: str) -> np.ndarray:
-    """Per-passage scores (float64) where every passage of `second_hop` scores at least
-    `LIFT` times the best passage; unchanged when it finds no bridge."""
+def lift_groups(values: np.ndarray, groups: Sequence[Sequence[int]]) -> np.ndarray:
+    """Per-passage scores (float64) where each passage of `groups` scores
+    `BRIDGE_LIFT * top + (1 - BRIDGE_LIFT) * own` (top: the best passage's score): above
+    every passage entity feedback lifts, at most the best, and in the order of their own
+    scores. Why their own order: lifted to one level, passages tie and the earliest wins
+    the last of the budget; a person's entry opens with the sentence naming them in full,
+    not with the one the question asks about."""
     out = np.asarray(values, dtype=np.float64).copy()
     top = float(out.max(initial=0.0))
-    for group in second_hop(texts, out, question):
-        out[group] = np.maximum(out[group], LIFT * top)
+    if top <= 0.0:
+        return out
+    for group in groups:
+        g = list(group)
+        out[g] = np.maximum(out[g], BRIDGE_LIFT * top + (1.0 - BRIDGE_LIFT) * out[g])
     return out
+
+
+def lift_second_hop(texts: Sequence[str], values: np.ndarray, question: str) -> np.ndarray:
+    """Per-passage scores (float64): `lift_groups` of `second_hop`; unchanged when it
+    finds no bridge."""
+    return lift_groups(values, second_hop(texts, values, question))

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from pflash.compress.bridge import second_hop
+from pflash.compress.bridge import lift_groups, second_hop
 from pflash.compress.code_headers import code_lines
 from pflash.compress.entity_feedback import followed_passages, lift_passages
 from pflash.compress.lexical import split_units
@@ -391,9 +391,11 @@ def _follow_entities(
         else:
             total = sum(checked[k].weight for k in members) or 1.0
             picked = sum(checked[k].values * checked[k].weight for k in members) / total
-        followed = followed_passages(texts, picked) + second_hop(texts, picked, question)
+        followed = followed_passages(texts, picked)
+        hops = second_hop(texts, picked, question)
         for k in members:
-            out[k] = replace(checked[k], values=lift_passages(checked[k].values, followed))
+            values = lift_passages(checked[k].values, followed)
+            out[k] = replace(checked[k], values=lift_groups(values, hops))
     return out
 
 

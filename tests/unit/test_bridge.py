@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pflash.compress.bridge import (
+    BRIDGE_LIFT,
     MAX_LIFTED,
     bridge_names,
     lift_second_hop,
@@ -60,9 +61,12 @@ def test_the_bridge_is_the_last_new_name_of_each_run_of_names_in_the_hop_one_pas
 
 def test_the_passages_about_the_bridge_entity_are_lifted_above_the_near_misses():
     out = lift_second_hop(TEXTS, VALUES, QUESTION)
-    assert out[4] == pytest.approx(LIFT)  # the hop-2 passage, 7th of 40 before
+    # the hop-2 passage, 7th of 40 before: above what entity feedback lifts passages to
+    assert out[4] == pytest.approx(BRIDGE_LIFT + (1 - BRIDGE_LIFT) * 0.3)
+    assert BRIDGE_LIFT > LIFT
     assert out[4] > out[7] and out[4] > out[9]  # above the other people's schooling
-    assert out[1] >= LIFT  # and the hop-1 passage with it
+    assert out[1] >= BRIDGE_LIFT  # and the hop-1 passage with it
+    assert out[4] > out[3] > out[5]  # among themselves in the order of their own scores
 
 
 def test_the_lift_only_raises_and_at_most_the_bounded_number_of_passages():
@@ -72,6 +76,15 @@ def test_the_lift_only_raises_and_at_most_the_bounded_number_of_passages():
     assert raised == [1, 3, 4, 5]  # hop 1 and the three passages naming Quell
     rest = [i for i in range(N) if i not in raised]
     assert np.array_equal(out[rest], VALUES[rest])
+
+
+def test_the_hop_one_passage_names_most_of_the_questions_names():
+    # another work sharing one word of the title scores best; the title's own passage is read
+    texts = ["The Winter Moon was directed by Olin Varre.", *TEXTS[1:]]
+    values = VALUES.copy()
+    values[0] = 1.0
+    (group,) = second_hop(texts, values, QUESTION, hop1_passages=1)
+    assert group == [1, 4, 3, 5]
 
 
 def test_a_question_naming_nothing_changes_nothing():
