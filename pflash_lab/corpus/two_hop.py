@@ -221,11 +221,22 @@ class Chain:
 
 
 def _draw_name(rng: random.Random, pools, taken: set[str]) -> str:
-    while True:
+    """A name of `pools` (first part, second part) not yet `taken`; once the pools run out
+    (a long case of a kind with few names), the first free one with a numeral after it."""
+    for _ in range(len(pools[0]) * len(pools[1])):
         name = f"{rng.choice(pools[0])} {rng.choice(pools[1])}"
         if name not in taken:
             taken.add(name)
             return name
+    for numeral, (a, b) in itertools.product(_NUMERALS, itertools.product(*pools)):
+        name = f"{a} {b} {numeral}"
+        if name not in taken:
+            taken.add(name)
+            return name
+    raise ValueError(f"more than {len(taken)} names asked of one case")
+
+
+_NUMERALS = ("Secundus", "Tertius", "Quartus", "Quintus", "Sextus", "Septimus", "Octavus")
 
 
 def _draw_person(rng: random.Random, taken: set[str]) -> str:

@@ -5,6 +5,7 @@ question's words."""
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -92,3 +93,16 @@ def test_distractors_share_the_questions_words_and_the_answer_is_stated_once(cas
 def test_several_chains_and_wordings_are_used_across_seeds(cases):
     assert len({c.turns[0].question.split()[0] for c in cases}) >= 3
     assert len({c.turns[0].evidence[1].split()[-2] for c in cases}) >= 6
+
+
+def test_every_chain_kind_makes_a_long_case(count):
+    # a kind with few names (18 ship names) still fills 7K tokens: names run out, then
+    # carry a numeral, and each is still used once
+    seeds = {}
+    for seed in range(9600, 9700):
+        seeds.setdefault(random.Random(seed).choice(CHAINS)[0].key, seed)
+    assert set(seeds) == {link.key for link in LINKS}
+    for seed in seeds.values():
+        case = generate(CaseSpec("two_hop", seed, 7000), count)
+        (turn,) = case.turns
+        assert all(case.document.count(e) == 1 for e in turn.evidence), case.case_id
