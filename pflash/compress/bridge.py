@@ -10,7 +10,7 @@ the entity whose passages score best together, which is the question's own entit
 one its passage brings in. Here the best passages that name a name of the question (hop 1)
 are read for the names the question lacks (the bridge: the last such name of each run of
 names, "Quell" of "Mara Quell", the way later sentences name a person), and the best-scoring
-passages naming the bridge are lifted, as entity feedback lifts, to just above the level
+passages naming the bridge and stating a fact (a number or another name) are lifted, as entity feedback lifts, to just above the level
 entity feedback lifts to (`lift_groups`).
 
 Bounded and cheap: a scan of the passages for names (linear), no model call; at most
@@ -91,7 +91,7 @@ def second_hop(
     """Groups of passages to lift for these per-passage scores: each hop-1 passage (of the
     `hop1_passages` scoring above 0 that name most of the names of `question`, best
     first) with the best-scoring `max_lifted` other passages of each bridge name it
-    contributes (`bridge_names`). Empty when the question names nothing, no passage names it, or its
+    contributes (`bridge_names`) that state something beyond the names (`adds_fact`). Empty when the question names nothing, no passage names it, or its
     passages name nothing else the text repeats."""
     values = np.asarray(values, dtype=np.float64)
     if len(texts) != values.shape[0]:
@@ -110,9 +110,26 @@ def second_hop(
     groups = []
     for i in hop1:
         for name in bridge_names(texts[i], asked, found):
-            others = sorted((j for j in found[name] if j != i), key=lambda j: -values[j])
+            run = next(set(r) for r in _runs(texts[i]) if name in r)
+            others = [j for j in found[name] if j != i and adds_fact(texts[j], run | asked)]
+            others.sort(key=lambda j: -values[j])
             groups.append([i, *others[:max_lifted]])
     return groups
+
+
+def adds_fact(text: str, known: set[str]) -> bool:
+    """Whether a passage states something beyond the names it is about: a digit, or a
+    capitalised word not opening a sentence or line and not in `known` (the bridge's run
+    of names and the question's names). Why: "Quell is a native of Tavisham." answers a
+    second hop; "Mara Quell worked with a small circle of collaborators." only names Quell,
+    and the embedder scored such a sentence above the answer (the question's "artist who
+    painted" is closer to a career than to a birthplace), so that it took the last of a 2K
+    budget."""
+    if any(c.isdigit() for c in text):
+        return True
+    return any(
+        m.group() not in known and not opens_sentence(text, m.start()) for m in _NAME.finditer(text)
+    )
 
 
 def lift_groups(values: np.ndarray, groups: Sequence[Sequence[int]]) -> np.ndarray:

@@ -9,6 +9,7 @@ import pytest
 from pflash.compress.bridge import (
     BRIDGE_LIFT,
     MAX_LIFTED,
+    adds_fact,
     bridge_names,
     lift_second_hop,
     question_names,
@@ -66,14 +67,15 @@ def test_the_passages_about_the_bridge_entity_are_lifted_above_the_near_misses()
     assert BRIDGE_LIFT > LIFT
     assert out[4] > out[7] and out[4] > out[9]  # above the other people's schooling
     assert out[1] >= BRIDGE_LIFT  # and the hop-1 passage with it
-    assert out[4] > out[3] > out[5]  # among themselves in the order of their own scores
+    assert out[4] > out[5]  # among themselves in the order of their own scores
+    assert out[3] == VALUES[3]  # names Quell, states nothing more: not lifted
 
 
 def test_the_lift_only_raises_and_at_most_the_bounded_number_of_passages():
     out = lift_second_hop(TEXTS, VALUES, QUESTION)
     assert np.all(out >= VALUES)
     raised = np.flatnonzero(out > VALUES).tolist()
-    assert raised == [1, 3, 4, 5]  # hop 1 and the three passages naming Quell
+    assert raised == [1, 4, 5]  # hop 1 and the passages naming Quell that state a fact
     rest = [i for i in range(N) if i not in raised]
     assert np.array_equal(out[rest], VALUES[rest])
 
@@ -84,7 +86,15 @@ def test_the_hop_one_passage_names_most_of_the_questions_names():
     values = VALUES.copy()
     values[0] = 1.0
     (group,) = second_hop(texts, values, QUESTION, hop1_passages=1)
-    assert group == [1, 4, 3, 5]
+    assert group == [1, 4, 5]
+
+
+def test_a_passage_adds_a_fact_with_a_number_or_a_name_of_its_own():
+    known = {"Mara", "Quell", "Tallow", "Moon"}
+    assert adds_fact("Quell studied at Velloran College.", known)
+    assert adds_fact("Letters written by Quell were published in 1970.", known)
+    assert not adds_fact("Mara Quell worked with a small circle of collaborators.", known)
+    assert not adds_fact("In later life Quell gave lectures.", known)  # "In" opens it
 
 
 def test_a_question_naming_nothing_changes_nothing():
