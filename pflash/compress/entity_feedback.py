@@ -38,8 +38,11 @@ _NAME = re.compile(r"\b[A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*\b")
 _LOWER_WORD = re.compile(r"\b[a-z][a-z0-9]*\b")
 
 
-def names(texts: Sequence[str], max_share: float = MAX_SHARE) -> dict[str, list[int]]:
-    """Each name (see the module docstring) and the passages it appears in, source order."""
+def names(
+    texts: Sequence[str], max_share: float = MAX_SHARE, min_passages: int = MIN_PASSAGES
+) -> dict[str, list[int]]:
+    """Each name (see the module docstring) in at least `min_passages` passages and the
+    passages it appears in, source order."""
     lower = {w for t in texts for w in _LOWER_WORD.findall(t)}
     where: dict[str, set[int]] = defaultdict(set)
     inside: set[str] = set()  # seen at least once other than opening a sentence
@@ -51,9 +54,9 @@ def names(texts: Sequence[str], max_share: float = MAX_SHARE) -> dict[str, list[
             where[name].add(i)
             if name not in inside and not opens_sentence(text, m.start()):
                 inside.add(name)
-    limit = max(MIN_PASSAGES, int(max_share * len(texts)))
+    limit = max(min_passages, int(max_share * len(texts)))
     return {
-        n: sorted(ps) for n, ps in where.items() if n in inside and MIN_PASSAGES <= len(ps) <= limit
+        n: sorted(ps) for n, ps in where.items() if n in inside and min_passages <= len(ps) <= limit
     }
 
 

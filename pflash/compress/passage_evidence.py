@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from pflash.compress.bridge import lift_groups, second_hop
 from pflash.compress.code_headers import code_lines
 from pflash.compress.entity_feedback import followed_passages, lift_passages
 from pflash.compress.lexical import split_units
@@ -336,7 +337,7 @@ def passage_signals(
             values = part_shares(np.asarray(values)[None, :])[0]
         checked.append(_Checked(name, tuple(passages), values, weight))
     if config.select_entity_feedback:
-        checked = _follow_entities(drafter, checked)
+        checked = _follow_entities(drafter, checked, _question_text(req, drafter))
     out = []
     for c in checked:
         values = lift_code_headers(drafter, c.passages, c.values)
@@ -358,7 +359,17 @@ class _Checked:
     weight: float
 
 
-def _follow_entities(drafter: TokenizedText, checked: list[_Checked]) -> list[_Checked]:
+def _question_text(req: ScoreRequest, drafter: TokenizedText) -> str:
+    """The question the passages were scored against, as text."""
+    if req.semantic_questions:
+        return req.semantic_questions[0]
+    span = req.projection_question
+    return drafter.text[slice(*drafter.char_span(span))] if span is not None else ""
+
+
+def _follow_entities(
+    drafter: TokenizedText, checked: list[_Checked], question: str = ""
+) -> list[_Checked]:
     """`checked` with entity feedback (`entity_feedback`) applied: the signals over the same
     passages (the embedder's and the tap projection's) lift the passages of the same names,
     picked by the sentence embedder where it scored these passages, else by the signals'
@@ -366,7 +377,8 @@ def _follow_entities(drafter: TokenizedText, checked: list[_Checked]) -> list[_C
     names were the distractor leases in both aggregation cases looked at, and its own lift
     (to 0.9 of its best raw cosine, before the share scale) was a lift to about its median
     passage; with the embedder's pick for both, aggregation on a fresh seed kept 118 of 120
-    facts against 112 with each signal's own (docs/BENCHMARK_NOTEBOOK.md)."""
+    facts against 112 with each signal's own (docs/BENCHMARK_NOTEBOOK.md). The same pick
+    follows the second hop of `question` (`bridge.second_hop`)."""
     out = list(checked)
     groups: dict[tuple[Span, ...], list[int]] = {}
     for k, c in enumerate(checked):
@@ -375,13 +387,15 @@ def _follow_entities(drafter: TokenizedText, checked: list[_Checked]) -> list[_C
         texts = [drafter.text[slice(*drafter.char_span(p))] for p in passages]
         semantic = [checked[k] for k in members if checked[k].name == "semantic"]
         if semantic:
-            followed = followed_passages(texts, semantic[0].values)
+            picked = semantic[0].values
         else:
             total = sum(checked[k].weight for k in members) or 1.0
-            mean = sum(checked[k].values * checked[k].weight for k in members) / total
-            followed = followed_passages(texts, mean)
+            picked = sum(checked[k].values * checked[k].weight for k in members) / total
+        followed = followed_passages(texts, picked)
+        hops = second_hop(texts, picked, question)
         for k in members:
-            out[k] = replace(checked[k], values=lift_passages(checked[k].values, followed))
+            values = lift_passages(checked[k].values, followed)
+            out[k] = replace(checked[k], values=lift_groups(values, hops))
     return out
 
 

@@ -32,6 +32,7 @@ from pflash_lab.corpus.nonliteral import (
     multi_turn_paraphrase,
     paraphrased_needle,
 )
+from pflash_lab.corpus.two_hop import two_hop
 
 FAMILIES: dict[str, Callable[[CaseSpec, CountTokens], BenchCase]] = {
     "single_needle": single_needle,
@@ -49,6 +50,7 @@ FAMILIES: dict[str, Callable[[CaseSpec, CountTokens], BenchCase]] = {
     "described_library_code": described_library_code,
     "multi_turn_paraphrase": multi_turn_paraphrase,
     "aggregation": aggregation,
+    "two_hop": two_hop,
 }
 
 
