@@ -463,7 +463,7 @@ class SegmentProbe:
 
     `memo`: the per-row logits of the drafter's recent taps, by `ScoreResult.tap_id`. Why:
     a conversation's later turn sends the whole tap again, and the network over every row
-    is the probe's cost that grows with the conversation (~160 ms at 16K tokens, one
+    is the probe's cost that grows with the conversation (tens of ms per 10K tokens, one
     thread). The rows a drafter session reused (`scorer_resume`, from the tap its
     `tap_parent` names) are the very rows the probe read last time, and each row's logits
     depend on that row alone (norm, fc1, gelu, fc2): only the new rows go through the
