@@ -22,7 +22,10 @@ and their difference.
 
     pflash bench ablate --out bench-out/ablate [--families ...] [--cases 4]
         [--lengths 2048 4096] [--keep 0.1] [--variant NAME:KEY=VALUE,KEY=VALUE ...]
-        [--llmlingua] [--control] [--threads 1] [--set KEY=VALUE]
+        [--llmlingua] [--uniform] [--control] [--threads 1] [--set KEY=VALUE]
+
+`--uniform` adds evenly spaced 64-token chunks of the document at the first variant's
+realized keep (its served tokens over the prompt's): the baseline a scorer must beat.
 """
 
 from __future__ import annotations
@@ -219,14 +222,19 @@ class AblationEngine:
         return out
 
 
-def run_case(case: BenchCase, engine: AblationEngine, llmlingua=None) -> list[TurnResult]:
-    """Every turn of `case` under every variant (and LongLLMLingua when given)."""
+def run_case(
+    case: BenchCase, engine: AblationEngine, llmlingua=None, uniform: bool = False
+) -> list[TurnResult]:
+    """Every turn of `case` under every variant (and LongLLMLingua when given; with
+    `uniform`, evenly spaced chunks of the document at the first variant's realized keep)."""
     out = []
     no_reply = Reply("", 0.0, None)
     for turn in range(len(case.turns)):
         messages = case.messages(turn, gold_replies(case, turn))
         prompt_tokens = len(engine.encode(messages))
         served = list(engine.serve(messages).values())
+        if uniform:
+            served.append(_uniform(case, turn, engine, served[0], prompt_tokens))
         if llmlingua is not None:
             keep = next(iter(engine.configs.values())).keep_ratio
             try:
@@ -248,6 +256,19 @@ def run_case(case: BenchCase, engine: AblationEngine, llmlingua=None) -> list[Tu
                 row = dataclasses.replace(row, error=s.error)
             out.append(row)
     return out
+
+
+def _uniform(case: BenchCase, turn: int, engine: AblationEngine, first, prompt_tokens: int):
+    """The uniform baseline for one turn: the document's share of the first variant's
+    realized keep (served / prompt tokens), as evenly spaced chunks."""
+    from pflash_lab.bench.baselines import uniform_chunks
+
+    realized = first.served_tokens / max(1, prompt_tokens)
+    doc_tokens = len(engine.target_tokenizer(case.document, add_special_tokens=False)["input_ids"])
+    b = uniform_chunks(case.document, round(realized * doc_tokens), engine.target_tokenizer)
+    msgs = case.messages(turn, gold_replies(case, turn), document=b.document)
+    text = engine.target_tokenizer.decode(engine.encode(msgs))
+    return Served("uniform", realized, text, None, 0, b.kept_tokens, b.compress_ms)
 
 
 def run_control(case: BenchCase, engine: AblationEngine, llmlingua=None) -> list[TurnResult]:
@@ -360,6 +381,11 @@ def add_arguments(bsub) -> None:
     )
     p.add_argument("--llmlingua", action="store_true", help="add LongLLMLingua as a column")
     p.add_argument(
+        "--uniform",
+        action="store_true",
+        help="add evenly spaced chunks at the first variant's realized keep as a column",
+    )
+    p.add_argument(
         "--control",
         action="store_true",
         help="also serve every case with unrelated questions about the license text and "
@@ -401,7 +427,7 @@ def run_ablation(args) -> int:
     rows: list[TurnResult] = []
     t0 = time.perf_counter()
     for i, case in enumerate(cases):
-        case_rows = run_case(case, engine, llm)
+        case_rows = run_case(case, engine, llm, uniform=getattr(args, "uniform", False))
         if meta["control"]:
             case_rows += run_control(case, engine, llm)
         write_jsonl(results, case_rows)
@@ -411,7 +437,7 @@ def run_ablation(args) -> int:
             print(f"[{i + 1}/{len(cases)}] {case.case_id} {kept}", flush=True)
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
     (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
-    order = [v.name for v in variants] + ["llmlingua"]
+    order = [v.name for v in variants] + ["llmlingua", "uniform"]
     table = retention_table(rows, with_controls(order) if meta["control"] else order)
     if meta["control"]:
         table += (

@@ -85,6 +85,28 @@ def random_chunks(
     return BaselineOutput("\n\n".join(pieces), used, (time.perf_counter() - t0) * 1000)
 
 
+def uniform_chunks(
+    document: str, budget: int, tokenizer, chunk: int = CHUNK_TOKENS
+) -> BaselineOutput:
+    """Chunks of `chunk` tokens evenly spaced over the document, `budget` tokens in all
+    (the last chunk cut to fit), joined in source order: what a scorer must beat at the same
+    realized keep, and what preserves a whole-document question's frequencies."""
+    t0 = time.perf_counter()
+    ids = _ids(tokenizer, document)
+    budget = max(1, min(budget, len(ids)))
+    starts = list(range(0, len(ids), chunk))
+    take = min(len(starts), -(-budget // chunk))  # chunks needed, at most all of them
+    picked = [starts[(i * len(starts)) // take] for i in range(take)]
+    pieces, used = [], 0
+    for s in picked:
+        n = min(chunk, len(ids) - s, budget - used)
+        if n <= 0:
+            break
+        pieces.append(_decode(tokenizer, ids[s : s + n]))
+        used += n
+    return BaselineOutput("\n\n".join(pieces), used, (time.perf_counter() - t0) * 1000)
+
+
 # --------------------------------------------------------------------------- LongLLMLingua
 
 

@@ -3,6 +3,8 @@ the control serves unrelated questions and is reported beside the real retention
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pflash_lab.bench.ablation import (
@@ -191,3 +193,31 @@ def test_ablate_accepts_the_control_flag():
     add_arguments(parser.add_subparsers(dest="command"))
     assert parser.parse_args(["ablate", "--out", "x", "--control"]).control is True
     assert parser.parse_args(["ablate", "--out", "x"]).control is False
+
+
+def test_the_uniform_baseline_spreads_its_budget_evenly_over_the_document(smollm2_tokenizer):
+    from pflash_lab.bench.baselines import uniform_chunks
+
+    document = " ".join(f"w{i:04d}" for i in range(2000))  # one marker every few tokens
+    total = len(smollm2_tokenizer(document, add_special_tokens=False)["input_ids"])
+    out = uniform_chunks(document, total // 10, smollm2_tokenizer, chunk=32)
+    assert out.kept_tokens == total // 10
+    pieces = out.document.split("\n\n")
+    found = [re.search(r"w(\d{4})\b", p) for p in pieces]
+    firsts = [int(m.group(1)) for m in found if m]  # a cut-short last piece may hold none
+    assert len(firsts) >= len(pieces) - 1
+    assert firsts == sorted(firsts)  # source order
+    assert firsts[0] < 100 and firsts[-1] > 1700  # from the start to near the end
+    gaps = [b - a for a, b in zip(firsts, firsts[1:], strict=False)]
+    assert max(gaps) < 2 * min(gaps) + 20  # evenly spaced, not clustered
+
+
+def test_the_uniform_column_is_served_at_the_first_variants_realized_keep(smollm2_tokenizer):
+    base = {**serve_args(), "keep_ratio": 0.1, "curve": ()}
+    engine = AblationEngine(base, [variant("fixed", select_segments="fixed")], threads=1)
+    case = generate(CaseSpec("single_needle", 7, 1024, 0.5), token_counter(smollm2_tokenizer))
+    rows = {r.method: r for r in run_case(case, engine, uniform=True)}
+    assert set(rows) == {"fixed", "uniform"}
+    realized = rows["fixed"].served_tokens / rows["fixed"].prompt_tokens
+    assert rows["uniform"].keep_ratio == pytest.approx(realized)
+    assert 0 < rows["uniform"].kept_tokens < 0.3 * rows["fixed"].prompt_tokens
