@@ -294,22 +294,28 @@ def code_functions() -> tuple[tuple[str, tuple[CodeFunction, ...]], ...]:
         if tree is None:
             continue
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        funcs = []
-        for node in tree.body:
-            if not isinstance(node, ast.FunctionDef) or node.decorator_list:
-                continue
-            if not 4 <= node.end_lineno - node.lineno + 1 <= 60:
-                continue
-            source = "\n".join(lines[node.lineno - 1 : node.end_lineno])
-            doc = ast.get_docstring(node) or ""
-            summary = doc.strip().splitlines()[0].strip() if doc.strip() else ""
-            funcs.append(CodeFunction(path.stem, node.name, source, summary))
+        funcs = module_functions(tree, lines, path.stem)
         if len(funcs) >= 3:
             out.append((path.stem, tuple(funcs)))
     return tuple(out)
 
 
 # --------------------------------------------------------------------------- building blocks
+
+
+def module_functions(tree: ast.Module, lines: list[str], module: str) -> list[CodeFunction]:
+    """The undecorated top-level functions of 4-60 lines of a parsed module, in order."""
+    funcs = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or node.decorator_list:
+            continue
+        if not 4 <= node.end_lineno - node.lineno + 1 <= 60:
+            continue
+        source = "\n".join(lines[node.lineno - 1 : node.end_lineno])
+        doc = ast.get_docstring(node) or ""
+        summary = doc.strip().splitlines()[0].strip() if doc.strip() else ""
+        funcs.append(CodeFunction(module, node.name, source, summary))
+    return funcs
 
 
 def haystack(rng: random.Random, n_tokens: int, count: CountTokens) -> list[str]:

@@ -55,6 +55,7 @@ from pflash_lab.corpus.cases import (
     code_functions,
     haystack,
     insert_at_depths,
+    module_functions,
 )
 from pflash_lab.corpus.code_descriptions import (
     CODE_QUESTION_FRAMES,
@@ -343,16 +344,7 @@ def library_functions() -> tuple[tuple[str, tuple[CodeFunction, ...]], ...]:
             continue
         lines = text.splitlines()
         module = f"{LIBRARY_PACKAGE}/{path.stem}"
-        funcs = []
-        for node in tree.body:
-            if not isinstance(node, ast.FunctionDef) or node.decorator_list:
-                continue
-            if not 4 <= node.end_lineno - node.lineno + 1 <= 60:
-                continue
-            source = "\n".join(lines[node.lineno - 1 : node.end_lineno])
-            doc = ast.get_docstring(node) or ""
-            summary = doc.strip().splitlines()[0].strip() if doc.strip() else ""
-            funcs.append(CodeFunction(module, node.name, source, summary))
+        funcs = module_functions(tree, lines, module)
         if len(funcs) >= 3:
             out.append((module, tuple(funcs)))
     return tuple(out)
