@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -127,6 +128,12 @@ def _exit_on_sigterm(signum, frame):
 
 # ------------------------------------------------------------------ the cluster
 
+LIVE: set[ServeCluster] = set()  # started and not yet stopped: what a failing test reports
+INCIDENT = re.compile(
+    r"\b(ERROR|WARNING)\b|Killing worker|memory|died|exited|Traceback|SIGSEGV", re.IGNORECASE
+)
+STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}")
+
 
 class ServeCluster:
     """A local Ray head plus `serve run CONFIG`; `metrics_url` serves Prometheus text."""
@@ -163,6 +170,7 @@ class ServeCluster:
         self.procs: list[tuple[subprocess.Popen, float]] = []
         self.ray_roots: set[int] = set()
         self.log_path = self.workdir / "serve.log"
+        self.ray_temp = self.workdir  # Ray's --temp-dir, set when the head starts
         self._logs: list = []
 
     @property
@@ -196,12 +204,30 @@ class ServeCluster:
         self.start_head(timeout_s)
         self.serve(ready_url, ready_body, timeout_s - (time.monotonic() - started))
 
+    def incidents(self, limit: int = 60) -> str:
+        """The last `limit` lines of Ray's logs that tell why a request failed: warnings and
+        errors of the Serve controller, proxy and replicas, and the raylet's worker deaths
+        (memory kills included). A test that fails on a bare 500 from Serve (a replica that
+        died) has nothing else to go on once the cluster is gone."""
+        logs = self.ray_temp / "session_latest" / "logs"
+        found: list[tuple[str, str]] = []
+        for path in sorted([*logs.glob("serve/*.log"), *logs.glob("raylet.out")]):
+            with contextlib.suppress(OSError):
+                for line in path.read_text(errors="replace").splitlines():
+                    if INCIDENT.search(line) and "PydanticDeprecated" not in line:
+                        stamp = STAMP.search(line)
+                        found.append((stamp[0] if stamp else "", f"{path.name}: {line[:400]}"))
+        found.sort(key=lambda pair: pair[0])  # in time order across the files
+        return "\n".join(text for _, text in found[-limit:])
+
     def start_head(self, timeout_s: float = 300.0) -> None:
         # a SIGTERM to the caller must still run its `finally: cluster.stop()`
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
         deadline = time.monotonic() + timeout_s
         temp = Path(f"/tmp/pfl{os.getpid()}-{self.ports['gcs']}")  # short: Ray socket paths
+        self.ray_temp = temp
+        LIVE.add(self)
         p = self.ports
         ray_start = self._spawn(
             [
@@ -292,6 +318,7 @@ class ServeCluster:
         proc.poll()
 
     def stop(self) -> None:
+        LIVE.discard(self)
         for name in list(self.nodes):
             self.kill_node(name)
         workers = descendants(self.ray_roots)

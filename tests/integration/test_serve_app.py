@@ -40,6 +40,7 @@ OTHER_KEY = "test-key-2"
 NEEDLE = "The special magic quokka number is: 7318842."
 QUESTION = "What is the special magic quokka number?"
 BODY_READ_TIMEOUT_S = 5
+INGRESS_REPLICAS = 2
 
 
 def _config(tmp: Path, port: int) -> Path:
@@ -79,7 +80,7 @@ def _config(tmp: Path, port: int) -> Path:
     main["deployments"] = [d for d in main["deployments"] if d["name"] != "SegmentProbe"]
     for dep in main["deployments"]:
         if dep["name"] == "Ingress":
-            dep["num_replicas"] = 2  # turns of one conversation land on either replica
+            dep["num_replicas"] = INGRESS_REPLICAS  # a conversation's turns land on either
 
     gw2 = copy.deepcopy(template)
     gw2.update(name="gw2", route_prefix="/gw2")
@@ -121,6 +122,45 @@ def _config(tmp: Path, port: int) -> Path:
     return path
 
 
+def _warm_up(cluster: ServeCluster, timeout_s: float = 300) -> None:
+    """Until every route the tests use has answered 200 once on every main Ingress replica.
+
+    The other apps may still be loading their models. Twice in CI, a first request right
+    after startup was a bare 500 from Serve: once the main app's first chat completion
+    (within 21 ms, the app had answered gw2 already), once its first compressed request,
+    the fourth test. Each Ingress replica (two here) and the drafter path are asked here
+    first; what did not answer 200 is kept in `cluster.warmup_failures`, which a failing
+    test's report shows beside Ray's log lines (tests/integration/conftest.py).
+    """
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    compressed = {
+        "messages": _long_messages(1500),
+        "max_tokens": 1,
+        "pflash_mode": "always",
+        "pflash_keep_ratio": 0.5,
+    }
+    steps = [
+        ("/xv/v1/completions", {"prompt": "Hi", "max_tokens": 1, "pflash_mode": "off"}, {}),
+        ("/v1/chat/completions", {**chat, "pflash_mode": "off"}, AUTH),
+        ("/v1/chat/completions", compressed, AUTH),
+    ]
+    cluster.warmup_failures = []
+    deadline = time.time() + timeout_s
+    for path, body, headers in steps:
+        replicas: set[str] = set()
+        while len(replicas) < (INGRESS_REPLICAS if path.startswith("/v1/") else 1):
+            try:
+                r = httpx.post(f"{cluster.http}{path}", json=body, headers=headers, timeout=120)
+                if r.status_code == 200:
+                    replicas.add(r.headers.get("x-pflash-replica", "?"))
+                    continue
+                cluster.warmup_failures.append(f"{path}: {r.status_code} {r.text[:200]!r}")
+            except httpx.HTTPError as exc:
+                cluster.warmup_failures.append(f"{path}: {type(exc).__name__}")
+            assert time.time() < deadline, f"{path} did not come up: {cluster.warmup_failures}"
+            time.sleep(2)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
@@ -130,24 +170,7 @@ def cluster(tmp_path_factory):
     ping = {"prompt": "Hi", "max_tokens": 1, "pflash_mode": "off"}
     try:
         cluster.start(f"{cluster.http}/gw2/v1/completions", ping)
-        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
-        # the other apps may still be loading their models; the main app's chat route is
-        # asked too: once, in CI, its first chat completion right after the proxy's route
-        # update was a 500 from Serve within 21 ms (the app had answered gw2 already)
-        for path, body, headers in (
-            ("/xv/v1/completions", ping, {}),
-            ("/v1/chat/completions", {**chat, "pflash_mode": "off"}, AUTH),
-        ):
-            deadline = time.time() + 300
-            while True:
-                try:
-                    r = httpx.post(f"{cluster.http}{path}", json=body, headers=headers, timeout=120)
-                    if r.status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.time() < deadline, f"{path} did not come up"
-                time.sleep(2)
+        _warm_up(cluster)
         yield cluster
     finally:
         cluster.stop()

@@ -1,0 +1,48 @@
+"""What a failing integration test reports from Ray's logs (`ServeCluster.incidents`)."""
+
+from __future__ import annotations
+
+from pflash_lab.bench.launch import ServeCluster
+
+
+def _cluster(tmp_path, files: dict[str, str]) -> ServeCluster:
+    cluster = ServeCluster(tmp_path / "serve_config.yaml", tmp_path)
+    cluster.ray_temp = tmp_path / "ray"
+    for name, text in files.items():
+        path = cluster.ray_temp / "session_latest" / "logs" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return cluster
+
+
+def test_incidents_are_the_warnings_errors_and_worker_deaths_in_time_order(tmp_path):
+    cluster = _cluster(
+        tmp_path,
+        {
+            "serve/replica_pflash_Ingress_a.log": (
+                "INFO 2026-12-05 03:04:23,100 pflash_Ingress a -- POST /v1/chat 200 3ms\n"
+                "ERROR 2026-12-05 03:04:25,000 pflash_Ingress a -- request failed (503)\n"
+            ),
+            "serve/proxy_1.log": "WARNING 2026-12-05 03:04:24,000 proxy -- Request failed\n",
+            "raylet.out": (
+                "[2026-12-05 03:04:23,500 I 1 1] (raylet) node_manager.cc: lease granted\n"
+                "[2026-12-05 03:04:23,900 E 1 1] (raylet) Killing worker 7: memory used 0.96\n"
+            ),
+        },
+    )
+    lines = cluster.incidents().splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "raylet.out",
+        "proxy_1.log",
+        "replica_pflash_Ingress_a.log",
+    ]
+    assert "Killing worker 7" in lines[0]
+    assert "200 3ms" not in "\n".join(lines)  # an ordinary access line is not an incident
+
+
+def test_incidents_keep_the_last_lines_and_read_a_missing_log_dir_as_none(tmp_path):
+    lines = "".join(f"ERROR 2026-12-05 03:04:{i:02d},000 x -- failure {i}\n" for i in range(30))
+    cluster = _cluster(tmp_path, {"serve/controller_1.log": lines})
+    kept = cluster.incidents(limit=5).splitlines()
+    assert [line.rsplit(" ", 1)[-1] for line in kept] == ["25", "26", "27", "28", "29"]
+    assert ServeCluster(tmp_path / "c.yaml", tmp_path / "none").incidents() == ""
