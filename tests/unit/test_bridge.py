@@ -13,6 +13,7 @@ from pflash.compress.bridge import (
     bridge_names,
     lift_second_hop,
     question_names,
+    same_entity,
     second_hop,
 )
 from pflash.compress.chat import render_chat
@@ -87,6 +88,49 @@ def test_the_hop_one_passage_names_most_of_the_questions_names():
     values[0] = 1.0
     (group,) = second_hop(texts, values, QUESTION, hop1_passages=1)
     assert group == [1, 4, 5]
+
+
+def test_of_the_bridge_passages_those_naming_its_whole_run_are_lifted_first():
+    """A long text holds other Quells and other Maras (in a 32K two_hop case of the bench,
+    35 passages named the bridge's first name, and the answer came ninth by score of those
+    naming its surname): the passage naming the whole "Mara Quell" is lifted though three
+    passages about other Quells score better."""
+    texts = [
+        *TEXTS[:4],
+        "The grave of Mara Quell lies in Quarnby.",  # 4: hop 2, the whole name, scored low
+        "Idris Quell designed a viaduct in 1920.",  # 5-7: other Quells, scored higher
+        "Sabel Quell was laid to rest in Kestow.",
+        "Tomas Quell studied at Brennick.",
+        *TEXTS[8:],
+    ]
+    values = VALUES.copy()
+    values[4:8] = [0.1, 0.5, 0.45, 0.4]
+    # six of 40 passages name Quell: a share the default (10%) would count as everywhere
+    (group,) = second_hop(texts, values, QUESTION, hop1_passages=1, max_share=0.2)
+    assert group[:2] == [1, 4]  # hop 1, then the whole name though it scores lowest
+    assert group[2:] == [5, 6]  # then the other Quells by score, up to MAX_LIFTED in all
+    assert len(group) == 1 + MAX_LIFTED
+
+
+def test_a_passage_naming_the_bridge_by_surname_alone_goes_before_other_people_of_that_name():
+    """Seed 10302's 32K case: "Quell passed the early years of life in Istrabel." (about
+    Mara Quell, named by surname as later sentences do) scored below facts about three other
+    Quells, and only three passages are lifted."""
+    texts = [
+        *TEXTS[:4],
+        "Quell passed the early years of life in Istrabel.",  # 4: hop 2, surname alone
+        "Dorian Quell grew up in the town of Carrowmere.",  # 5-7: other Quells, higher
+        "The Amber Kingdom was written by Sabel Quell.",
+        "Tomas Quell studied at Pyrford Lyceum.",
+        *TEXTS[8:],
+    ]
+    values = VALUES.copy()
+    values[4:8] = [0.2, 0.68, 0.46, 0.34]
+    (group,) = second_hop(texts, values, QUESTION, hop1_passages=1, max_share=0.2)
+    assert group[:2] == [1, 4]
+    assert same_entity(texts[4], "Quell", {"Mara", "Quell"})
+    assert not same_entity(texts[5], "Quell", {"Mara", "Quell"})
+    assert same_entity("The grave of Mara Quell lies in Quarnby.", "Quell", {"Mara", "Quell"})
 
 
 def test_a_passage_adds_a_fact_with_a_number_or_a_name_of_its_own():
