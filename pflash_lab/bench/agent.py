@@ -49,7 +49,7 @@ from pathlib import Path
 import yaml
 
 from pflash_lab.bench import agent_trace
-from pflash_lab.bench.launch import ROOT, ServeCluster, free_port, stop_group
+from pflash_lab.bench.launch import ROOT, ServeCluster, free_port, scratch_dir, stop_group
 
 BIG_SPEC = "24:1536:5632"  # ~840M parameters with the SmolLM2 vocabulary
 STAGES = (
@@ -539,8 +539,9 @@ def main(argv: list[str] | None = None) -> int:
 
     tok = load_tokenizer("embedded:smollm2-135m")
     count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
-    work = Path(tempfile.mkdtemp(prefix="pflash-agent-"))
-    out = args.out or work / "results"
+    work = scratch_dir("pflash-agent-")
+    # the report outlives the work folder (removed at exit with its 3 GB target)
+    out = args.out or Path(tempfile.mkdtemp(prefix="pflash-agent-results-"))
     cluster, base, vllm_proc, vllm = None, args.base_url, None, None
     target = "serve_config.yaml's"
     if base is None:

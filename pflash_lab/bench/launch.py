@@ -13,14 +13,17 @@ this run can mislead a later plain `ray.init()`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -120,6 +123,20 @@ def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
                 os.killpg(pgid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A work folder for one bench run, removed when the process exits.
+
+    It holds the run's serve config, Ray's logs and often a random-weight target of 3 GB;
+    runs that left theirs behind once filled a disk. `PFLASH_KEEP_WORK=1` keeps it, to read
+    the logs after a run."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    if os.environ.get("PFLASH_KEEP_WORK") == "1":
+        print(f"work folder kept: {work}", file=sys.stderr)
+    else:
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
+    return work
 
 
 def _exit_on_sigterm(signum, frame):

@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-from pflash_lab.bench.launch import ROOT, ServeCluster, free_port
+from pflash_lab.bench.launch import ROOT, ServeCluster, free_port, scratch_dir
 
 FACTS = (
     "The access code for the north gate is 4417.",
@@ -127,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", type=float, default=0.1)
     parser.add_argument("--turns", type=int, default=3)
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="pflash-mt-"))
+    work = scratch_dir("pflash-mt-")
     port = free_port()
     cluster = ServeCluster(build_config(work, port, args.keep), work)
     base = f"http://127.0.0.1:{port}"

@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-from pflash_lab.bench.launch import ROOT, ServeCluster, free_port
+from pflash_lab.bench.launch import ROOT, ServeCluster, free_port, scratch_dir
 
 FILLER_FILES = ("GPL-3", "LGPL-3", "Apache-2.0", "GPL-2", "Artistic", "MPL-2.0", "GFDL-1.3")
 
@@ -122,7 +121,7 @@ def run(args) -> list[dict]:
 
     from pflash.models.source import load_tokenizer
 
-    work = Path(tempfile.mkdtemp(prefix="pflash-ttft-"))
+    work = scratch_dir("pflash-ttft-")
     cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     port = free_port()
     cfg["http_options"]["port"] = port

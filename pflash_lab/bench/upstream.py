@@ -32,7 +32,6 @@ import json
 import os
 import statistics
 import subprocess
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,7 +39,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from pflash_lab.bench.launch import ROOT, ServeCluster, free_port, stop_group
+from pflash_lab.bench.launch import ROOT, ServeCluster, free_port, scratch_dir, stop_group
 from pflash_lab.bench.multiturn import conversation, document, write_app_variants
 from pflash_lab.bench.ttft import corpus, make_messages, stream_once
 
@@ -317,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from pflash.models.source import load_tokenizer
 
-    work = Path(tempfile.mkdtemp(prefix="pflash-upstream-"))
+    work = scratch_dir("pflash-upstream-")
     vllm_proc, vllm = None, None
     if args.target == "vllm":
         vllm_proc, vllm = (None, args.vllm_url) if args.vllm_url else start_vllm(work)
