@@ -2,6 +2,12 @@
 # Set up the environment, then run the whole test suite (unit + real-model + real Ray Serve).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A fresh machine needs ~9 GB: .venv (2.2 GB), vLLM's venv (3.9 GB), converted models in
+# ~/.cache/pflash (2 GB) and test scratch. Say so up front rather than die in pip's ENOSPC.
+free_kb=$(df -Pk . | awk 'NR==2 {print $4}')
+if [ "${free_kb:-0}" -lt $((9 * 1024 * 1024)) ] && [ ! -x .venv-vllm/bin/python ]; then
+    echo "warning: $((free_kb / 1024)) MB free here; a first run needs ~9 GB (two venvs, model cache)" >&2
+fi
 bash scripts/setup.sh
 # The Prometheus integration test scrapes the running app with a real Prometheus server
 # (Debian's package). Install it where we may; elsewhere that test says how.
