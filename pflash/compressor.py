@@ -54,6 +54,7 @@ from pflash.compress.pipeline import (
     Prepared,
     PromptInput,
     finish,
+    ms_since,
     passthrough,
     prepare,
     scorer_failure_action,
@@ -327,7 +328,7 @@ class Compressor:
                     stage = "drafter"
                     try:
                         boundary, subunit = await self.probe.segment(response)
-                        probe_wait_ms = _ms_since(called)
+                        probe_wait_ms = ms_since(called)
                     except Exception:
                         # the probe reads the drafter's response: when the drafter failed,
                         # the probe only reports that an input died; the drafter's own error
@@ -336,7 +337,7 @@ class Compressor:
                         stage = "probe"
                         raise
                 scores = await response
-                drafter_wait_ms = _ms_since(called)
+                drafter_wait_ms = ms_since(called)
             stage = "selection"  # the scores are in: a failure from here on is not the drafter's
             result = await self.offload(
                 finish,
@@ -392,7 +393,7 @@ class Compressor:
             )
 
         decision = await self.offload(decide, None)
-        view_ms = _ms_since(started)
+        view_ms = ms_since(started)
         fresh = None
         if decision.needs_compression:
             # new material the view appends is also selected on its own (§6.1 step 9)
@@ -561,10 +562,6 @@ def _cancel(response: Any) -> None:
     cancel = getattr(response, "cancel", None)
     if cancel is not None:
         cancel()
-
-
-def _ms_since(t0: float) -> float:
-    return round((time.perf_counter() - t0) * 1000.0, 1)
 
 
 def unwrap_remote_error(exc: BaseException) -> BaseException:

@@ -430,9 +430,7 @@ def proportional_order(texts: Sequence[str], sizes: Sequence[int], top: int) -> 
     matrix-vector product over the units: O(m x tracked) per step.
     """
     m = len(texts)
-    counts = [Counter(_WORD.findall(t.lower())) for t in texts]
-    df = Counter(w for c in counts for w in c)
-    frame = {w for w, k in df.items() if k >= STRUCTURAL_SHARE * m}
+    counts, _, frame = _unit_words(texts)
     total = Counter()
     for c in counts:
         total.update(c)
@@ -473,14 +471,22 @@ def frequent_units(texts: Sequence[str]) -> np.ndarray:
     A word held by `STRUCTURAL_SHARE` of the units or more (the "Keyword log entry:" of
     every log line) is the units' frame, not an item, and is not counted. Linear: one pass
     over the words."""
-    sets = [set(_WORD.findall(t.lower())) for t in texts]
-    df = Counter(w for s in sets for w in s)
-    frame = {w for w, k in df.items() if k >= STRUCTURAL_SHARE * len(texts)}
+    counts, df, frame = _unit_words(texts)
     items = {w: k for w, k in df.items() if w not in frame}
     if not items:
         return np.zeros(len(texts), dtype=bool)
     t = max(MIN_FREQUENT, 2 * statistics.median(items.values()))
-    return np.asarray([any(items.get(w, 0) >= t for w in s) for s in sets], dtype=bool)
+    return np.asarray([any(items.get(w, 0) >= t for w in c) for c in counts], dtype=bool)
+
+
+def _unit_words(texts: Sequence[str]) -> tuple[list[Counter], Counter, set[str]]:
+    """Each unit's word counts, how many units hold each word, and the units' frame: the
+    words held by `STRUCTURAL_SHARE` of the units or more (the "Keyword log entry:" of every
+    log line), which are the units' form, not what a question counts."""
+    counts = [Counter(_WORD.findall(t.lower())) for t in texts]
+    df = Counter(w for c in counts for w in c)
+    frame = {w for w, k in df.items() if k >= STRUCTURAL_SHARE * len(texts)}
+    return counts, df, frame
 
 
 def _repeated_phrase(unit: AnchoredUnit) -> bool:
