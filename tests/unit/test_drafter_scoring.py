@@ -20,6 +20,7 @@ from pflash.compress.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest, candidate_lifts
 from pflash.config import DrafterScorerPart, build_config
 from pflash.errors import CompressionFailed, ConfigError
+from pflash.models.drafter import attention
 from pflash.models.drafter import scorer as drafter_mod
 from pflash.models.drafter.attention import mean_head_mass, smooth_in_range
 from pflash.models.drafter.profile import GENERIC_HEAD_FRACTION, resolve_profile
@@ -185,6 +186,22 @@ def test_calibrated_head_weights_make_the_head_mean_a_weighted_mean():
     np.testing.assert_allclose(mixed, [0.475, 0.0875, 0.4375], atol=1e-7)
     equal = mean_head_mass(probs, torch.tensor([0.5, 0.5])).numpy()
     np.testing.assert_allclose(equal, mean_head_mass(probs).numpy(), atol=1e-7)
+
+
+def test_window_logits_kept_between_passes_give_the_same_mass_bit_for_bit(monkeypatch):
+    # a later turn's few rows over many key blocks: held logits vs computed twice
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(12, 6, 16, generator=gen)  # [n, H, D]
+    keys = torch.randn(5000, 2, 16, generator=gen)  # [S, Hk, D]
+    visible = torch.ones(5000, dtype=torch.bool)
+    visible[4000:4100] = False
+    monkeypatch.setattr(attention, "KEY_BLOCK_ELEMENTS", 6 * 12 * 256)  # 20 key blocks
+    held = attention.window_mass(q, keys, visible, 0.25)
+    monkeypatch.setattr(attention, "HELD_LOGITS", 0)
+    computed_twice = attention.window_mass(q, keys, visible, 0.25)
+    assert torch.equal(held, computed_twice)
+    assert float(held[4000:4100].abs().sum()) == 0.0
+    assert abs(float(held.sum()) - 1.0) < 1e-5
 
 
 @pytest.mark.parametrize("suffix", [False, True])

@@ -20,6 +20,7 @@ from pflash.spans import Span
 log = logging.getLogger(__name__)
 
 KEY_BLOCK_ELEMENTS = 1 << 22  # logits per key block: heads x rows x keys (16 MB fp32)
+HELD_LOGITS = 1 << 24  # logits of a whole window kept between the two passes (64 MB fp32)
 
 
 class NonFiniteScores(RuntimeError):
@@ -191,7 +192,9 @@ def window_probs(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, sca
     q [n, H, D], keys [S, Hk, D], visible bool [S]. Head h reads key head h // (H/Hk).
     Yields (idx [B] key positions, probs [H, n, B]). Two passes over key blocks: a running
     log-sum-exp per (head, row), then the probabilities of each block, so memory is one
-    block of logits whatever S is.
+    block of logits whatever S is. When the whole window's logits fit `HELD_LOGITS` (a
+    later turn's few rows), pass 1 keeps them for pass 2 instead of computing them again:
+    the same values, half the key gathers and products.
     """
     n, n_head, _ = q.shape
     n_kv = keys.shape[1]
@@ -207,6 +210,9 @@ def window_probs(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, sca
         kb = keys[idx].permute(1, 2, 0)  # [Hk, D, B]
         return torch.bmm(qg, kb)  # [Hk, group*n, B]
 
+    # a later turn's few question rows over a long prompt: its logits are small enough to
+    # keep from pass 1 for pass 2 (the same values, not computed and gathered twice)
+    held: list[torch.Tensor] | None = [] if n_head * n * index.numel() <= HELD_LOGITS else None
     # pass 1: log-sum-exp over visible keys per (head, row)
     m = torch.full((n_kv, group * n, 1), -torch.inf)
     s = torch.zeros((n_kv, group * n, 1))
@@ -217,10 +223,13 @@ def window_probs(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, sca
         m_new = torch.maximum(m, z.amax(dim=-1, keepdim=True))
         s = s * torch.exp(m - m_new) + torch.exp(z - m_new).sum(dim=-1, keepdim=True)
         m = m_new
+        if held is not None:
+            held.append(z)
     lse = m + torch.log(s)
     # pass 2: probabilities
-    for idx in blocks:
-        yield idx, torch.exp(logits(idx) - lse).view(n_head, n, -1)  # [H, n, B]
+    for b, idx in enumerate(blocks):
+        z = held[b] if held is not None else logits(idx)
+        yield idx, torch.exp(z - lse).view(n_head, n, -1)  # [H, n, B]
 
 
 def window_mass(
