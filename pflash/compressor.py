@@ -65,7 +65,7 @@ from pflash.compress.rendered import (
     render_chat_prompt,
     render_completion_prompt,
 )
-from pflash.compress.scoring import ScoreRequest, ScoreResult
+from pflash.compress.scoring import ScoreRequest, ScoreResult, is_skipped_read_ahead
 from pflash.compress.segments import ProbeParams
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, InvalidRequest, StageUnavailable, runtime_failure
@@ -73,6 +73,8 @@ from pflash.views.decision import View, decide_view, served_result
 from pflash.views.keys import view_keys
 
 log = logging.getLogger(__name__)
+
+READ_AHEAD_MAX = 4  # background drafter passes in flight per compressor (`_read_ahead`)
 
 AsyncScorer = Callable[[ScoreRequest, str], Awaitable[ScoreResult]]
 
@@ -194,6 +196,7 @@ class Compressor:
         self.trace = trace
         self.offload = offload
         self._probe_params = Once(probe.params) if probe is not None else None
+        self._reading: dict[str, asyncio.Task] = {}  # read-aheads in flight, by conversation
 
     async def max_context(self) -> int | None:
         """The target's context in tokens; a failed or timed-out fetch is the target's
@@ -270,8 +273,20 @@ class Compressor:
         )
 
     def run_sync(self, request: CompressionRequest) -> Served:
-        """`run` for callers without an event loop (the CLI, benchmarks, tests)."""
-        return asyncio.run(self.run(request))
+        """`run` for callers without an event loop (the CLI, benchmarks, tests). A read-ahead
+        the request started runs to its end before this returns (the loop goes with it)."""
+
+        async def run_and_drain() -> Served:
+            served = await self.run(request)
+            await self.drain()
+            return served
+
+        return asyncio.run(run_and_drain())
+
+    async def drain(self) -> None:
+        """Wait for the read-aheads in flight (`_read_ahead`)."""
+        while self._reading:
+            await asyncio.gather(*self._reading.values(), return_exceptions=True)
 
     async def feedback(
         self,
@@ -310,6 +325,7 @@ class Compressor:
             self.record("pflash_bypasses", reason=prepared.reason)
             return uncompressed(prepared)
         stage = "drafter"
+        await self._after_read_ahead(request.conversation)
         try:
             # one deadline for the scoring calls: a hung replica fails this request (504)
             # instead of holding it until request_timeout_s
@@ -412,9 +428,61 @@ class Compressor:
             self.record("pflash_recalled_tokens", decision.recalled_tokens)
         if decision.mode == "rebuild":
             self.record("pflash_rebuilds", reason=decision.reason or "rebuild")
+        if fresh is None and decision.mode == "continue":
+            self._read_ahead(prepared, request)
         served = served_result(decision, prepared, fresh)
         served = replace(served, stats={**served.stats, "view_ms": view_ms})
         return served, decision.snapshot_cut
+
+    def _read_ahead(self, prepared: Prepared, request: CompressionRequest) -> None:
+        """After serving a small addition verbatim (an agent step under
+        `chat_compress_new_tokens`, which runs no drafter), score the prompt in the
+        background, so the conversation's drafter session and the probe's rows cover it.
+
+        Why: otherwise the next turn that needs the drafter (a question, a large tool output)
+        pays for every small addition since the drafter last ran (0.55 s + 1.4 s per 1K such
+        tokens measured on the agent trace), while the full path prefills only the question.
+        Read ahead, each step's drafter cost is paid in the background of the step that adds
+        it, as the issue's "a step costs what it adds" asks, and the next turn resumes on its
+        own tokens. The result is discarded: what is later selected is computed from the
+        session exactly as from scratch (sessions only skip recomputing a common prefix).
+
+        Best effort, never in a response's way: one per conversation, at most
+        `READ_AHEAD_MAX` in flight per compressor, skipped when either is reached, and a
+        failure is logged and counted, not raised (the next turn that needs the drafter
+        fails closed on its own)."""
+        config, key = request.config, request.conversation
+        if not (config.chat_read_ahead and prepared.compress and key):
+            return
+        if key in self._reading or len(self._reading) >= READ_AHEAD_MAX:
+            self.record("pflash_read_aheads", outcome="skipped")
+            return
+        task = asyncio.get_running_loop().create_task(self._read(prepared, request))
+        self._reading[key] = task
+        task.add_done_callback(lambda _: self._reading.pop(key, None))
+
+    async def _read(self, prepared: Prepared, request: CompressionRequest) -> None:
+        score_request = replace(prepared.score_request, read_ahead=True)
+        try:
+            async with asyncio.timeout(request.config.remote_call_timeout_s):
+                response = self.scorer(score_request, request.conversation)
+                if self.probe is not None and score_request.want_tap:
+                    await self.probe.segment(response)  # the probe keeps the new rows' logits
+                result = await response
+        except Exception as exc:
+            log.warning("read-ahead failed (the next turn scores these tokens itself): %s", exc)
+            self.record("pflash_read_aheads", outcome="failed")
+            return
+        self.record(
+            "pflash_read_aheads", outcome="skipped" if is_skipped_read_ahead(result) else "done"
+        )
+
+    async def _after_read_ahead(self, conversation: str) -> None:
+        """Let this conversation's read-ahead in flight finish first: this turn resumes the
+        session it leaves (and would otherwise race it for the drafter)."""
+        reading = self._reading.get(conversation)
+        if reading is not None:
+            await asyncio.wait({reading})
 
     async def _store_call(
         self, method: str, *args: Any, default: Any, timeout_s: float | None = None

@@ -90,6 +90,12 @@ METRICS: tuple[MetricDef, ...] = (
     ),
     MetricDef("pflash_view_outcomes", "counter", "Multi-turn view decisions by mode.", ("mode",)),
     MetricDef("pflash_recalled_tokens", "counter", "Drafter tokens recalled into a view.", ()),
+    MetricDef(
+        "pflash_read_aheads",
+        "counter",
+        "Background drafter passes over a verbatim addition, by outcome (done/failed/skipped).",
+        ("outcome",),
+    ),
     MetricDef("pflash_rebuilds", "counter", "Views rebuilt from a fresh compression.", ("reason",)),
     MetricDef(
         "pflash_bypasses", "counter", "Requests served uncompressed, by reason.", ("reason",)

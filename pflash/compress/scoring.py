@@ -34,6 +34,9 @@ class ScoreRequest:
     - `semantic_prefetch`: passage texts after the question (an agent's tool outputs since
       the user last spoke) to embed into the conversation's memo and not score: the next
       question reads them as passages, and then pays only for its own (§6.4).
+    - `read_ahead`: a background pass after a verbatim append (the compressor's read-ahead),
+      whose result nobody reads: the drafter skips it (`skipped_read_ahead`) when the
+      conversation's session already covers a longer prompt, which the pass would rewind.
     """
 
     ids: tuple[int, ...]
@@ -49,6 +52,7 @@ class ScoreRequest:
     semantic_prefetch: tuple[str, ...] = ()
     projection_passages: tuple[Span, ...] = ()
     projection_question: Span | None = None
+    read_ahead: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,3 +102,12 @@ def candidate_lifts(mass: np.ndarray, spans: Sequence[Span]) -> list[tuple[Span,
         n = len(sp)
         out.append((sp, float((csum[sp.end] - csum[sp.begin]) / n * s) if n else 0.0))
     return out
+
+
+def skipped_read_ahead() -> ScoreResult:
+    """What the drafter answers a read-ahead it skipped (`ScoreRequest.read_ahead`)."""
+    return ScoreResult(mass=None, extras={"read_ahead": "skipped"})
+
+
+def is_skipped_read_ahead(result: ScoreResult) -> bool:
+    return result.extras.get("read_ahead") == "skipped"

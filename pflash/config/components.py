@@ -310,6 +310,13 @@ class ViewsConfig(Component):
             " at least this many target tokens; smaller additions are appended verbatim."
         ),
     )
+    chat_read_ahead: bool = Field(
+        True,
+        description=(
+            "After appending a small addition verbatim, score it in the background so the"
+            " next turn's drafter resumes after it."
+        ),
+    )
     view_capacity: int = Field(1024, ge=1, description="Views kept by the session store (LRU).")
     view_ttl_s: float = Field(3600.0, gt=0, description="Seconds a view lives without use.")
 

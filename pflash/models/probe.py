@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pflash.compress.scoring import ScoreResult
+from pflash.compress.scoring import ScoreResult, is_skipped_read_ahead
 from pflash.compress.segments import ProbeParams
 from pflash.config.artefacts import refuse_unbound, resolve_artefact
 from pflash.errors import CompressionFailed, ModelUnavailable
@@ -508,6 +508,8 @@ class SegmentProbe:
         return (unit.cpu().numpy(), (sub.cpu().numpy() if sub is not None else None)), raw
 
     def __call__(self, scores: ScoreResult) -> tuple[np.ndarray, np.ndarray | None]:
+        if is_skipped_read_ahead(scores):  # no pass ran: nothing to read, nothing to keep
+            return np.zeros(0, dtype=np.float32), None
         if scores.tap is None:
             raise CompressionFailed(
                 "probe", "the drafter returned no tap (the request must set want_tap)"

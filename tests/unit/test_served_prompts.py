@@ -9,7 +9,10 @@ from a rebuild (726 tokens, none reused) to continue-compressed (803 served, 586
 "6. Trademarks" still served); every other turn and case came out byte for byte as before.
 The conversations then gained a last turn, the paste under another keep ratio, so that the
 recording still holds a rebuild (`options_changed`); the recording's other entries came out
-byte for byte as before.
+byte for byte as before. Since the read-ahead (a verbatim step is scored in the background, so
+the next turn's drafter resumes later), where the drafter resumed (`scorer_resume`,
+`scorer_new_tokens`) is no longer compared, as the other reuse counts before it; every served
+prompt and every other field came out byte for byte as before.
 
 The requests go through exactly what the ingress runs, in process: `pflash.api` parsing,
 `render_request`, `compression_request`, `Compressor.run` with the real embedded drafter,
@@ -47,6 +50,12 @@ sys.path.insert(0, str(FIXTURES))
 from golden_requests import TIMED, VARIANTS, cases, conversations  # noqa: E402
 
 RECORDED = json.loads((FIXTURES / "served_prompts.json").read_text())
+
+
+def _untimed(stats: dict) -> dict:
+    """Recorded stats without the fields newer than the recording declared not compared
+    (`TIMED`): the recording keeps them, as recorded."""
+    return {k: v for k, v in stats.items() if k not in TIMED}
 
 
 def _stats(compressed) -> dict:
@@ -133,7 +142,7 @@ def test_single_request_serves_the_recorded_prompt(replayed, name):
     got, want = replayed["cases"][name], RECORDED["cases"][name]
     assert got["prompt"] == want["prompt"]
     assert got["prompt_tokens"] == want["prompt_tokens"]
-    assert got["stats"] == want["stats"]
+    assert got["stats"] == _untimed(want["stats"])
 
 
 @pytest.mark.parametrize("name", _recorded_names("conversations"))
@@ -143,7 +152,7 @@ def test_every_turn_of_a_conversation_serves_the_recorded_prompt(replayed, name)
     for turn, (g, w) in enumerate(zip(got, want, strict=True), start=1):
         assert g["prompt"] == w["prompt"], f"turn {turn}"
         assert g["prompt_tokens"] == w["prompt_tokens"], f"turn {turn}"
-        assert g["stats"] == w["stats"], f"turn {turn}"
+        assert g["stats"] == _untimed(w["stats"]), f"turn {turn}"
 
 
 def test_the_recording_covers_every_view_outcome_and_gate_path():

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from pflash.compress.query import QueryWindow
-from pflash.compress.scoring import ScoreRequest, ScoreResult
+from pflash.compress.scoring import ScoreRequest, ScoreResult, skipped_read_ahead
 from pflash.config import DrafterScorerPart
 from pflash.config.artefacts import resolve_artefact
 from pflash.errors import CompressionFailed, ConfigError
@@ -309,7 +309,15 @@ class DrafterScorer:
     def __call__(self, req: ScoreRequest) -> ScoreResult:
         _validate(req)
         with self._one_pass:
+            if req.read_ahead and self._moved_on(req):
+                return skipped_read_ahead()
             return self._score_checked(req)
+
+    def _moved_on(self, req: ScoreRequest) -> bool:
+        """The conversation's session already covers a longer prompt than this read-ahead
+        (its next turn came first): scoring it would rewind the session that turn left."""
+        session = self.sessions.get(req.session_key) if req.session_key else None
+        return session is not None and len(session.ids) > len(req.ids)
 
     def _score_checked(self, req: ScoreRequest) -> ScoreResult:
         """One scoring, rescored once from scratch when the scores are not finite."""

@@ -1,0 +1,176 @@
+"""Read-ahead: a small addition appended verbatim is scored in the background, so the next
+turn that needs the drafter resumes on its own tokens, and what is served never changes.
+
+The drafter is a tiny random-weight llama over SmolLM2's vocabulary (the session mechanics,
+not the weights, are under test); the flow, views and tokenizer are the real ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import UNTUNED
+
+from pflash import api
+from pflash.compress.query import QueryWindow
+from pflash.compress.scoring import ScoreRequest, is_skipped_read_ahead
+from pflash.compressor import (
+    Compressor,
+    LocalStore,
+    compression_request,
+    local_scorer,
+    render_request,
+)
+from pflash.config import build_config
+from pflash.models.drafter.scorer import DrafterScorer
+from pflash.models.gguf_io import tiny_decoder
+from pflash.models.loading import LoadedModel
+from pflash.models.source import ModelSource
+from pflash.spans import Span
+from pflash.views.store import ViewStore
+
+FACT = "The archive password for the blue vault is heliotrope-42."
+
+
+def _text(name: str, chars: int) -> str:
+    return open(f"/usr/share/common-licenses/{name}").read()[:chars]
+
+
+def _call(name: str, output: str, n: int) -> list[dict]:
+    call = {"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"call_{n}", "content": output},
+    ]
+
+
+def _turns() -> list[list[dict]]:
+    """A task over a document, two small tool outputs (appended verbatim), a question."""
+    body = _text("GPL-3", 6000)
+    mid = body.index("\n\n", len(body) // 2)
+    task = [
+        {"role": "system", "content": "You are a coding agent. Answer briefly."},
+        {"role": "user", "content": body[:mid] + "\n\n" + FACT + body[mid:] + "\n\nTidy up."},
+    ]
+    tool1 = [*task, *_call("ls", _text("BSD", 500), 1)]
+    tool2 = [*tool1, *_call("git_status", _text("Apache-2.0", 600), 2)]
+    question = [
+        *tool2,
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "What is the password of the blue vault?"},
+    ]
+    return [task, tool1, tool2, question]
+
+
+@pytest.fixture(scope="module")
+def drafter_model(smollm2_tokenizer):
+    model = tiny_decoder("llama", layers=4, vocab=len(smollm2_tokenizer))
+    return LoadedModel(model, ModelSource("tiny", Path(".")), None, 0.0, False, "llama")
+
+
+def _config(**over):
+    return build_config(
+        UNTUNED
+        | {
+            "mode": "always",
+            "keep_ratio": 0.2,
+            "drafter_head_layer": 2,
+            "drafter_chunk_tokens": 64,
+            "drafter_sessions": 2,
+            "chat_compress_new_tokens": 512,
+            "select_semantic_weight": 0.0,
+        }
+        | over,
+        env={},
+    )
+
+
+def _serve(tokenizer, loaded, *, scorer_wrap=None, **over):
+    config = _config(**over)
+    scorer = DrafterScorer(config, loaded)
+    events: list[tuple[str, dict]] = []
+    score = scorer if scorer_wrap is None else scorer_wrap(scorer)
+    flow = Compressor(
+        target_tokenizer=tokenizer,
+        drafter_tokenizer=tokenizer,
+        scorer=local_scorer(score),
+        store=LocalStore(ViewStore(16, 3600.0)),
+        max_context=8192,
+        record=lambda name, value=1.0, **tags: events.append((name, tags)),
+    )
+    served = []
+    for messages in _turns():
+        req = api.parse_chat_request({"messages": messages, "max_tokens": 32, "session_id": "a1"})
+        job = compression_request(req, render_request(req, "chat", tokenizer), config, "tenant-a")
+        result = flow.run_sync(job).compressed
+        served.append((result.served_ids, result.stats))
+    read_aheads = [tags["outcome"] for name, tags in events if name == "pflash_read_aheads"]
+    return served, read_aheads
+
+
+def test_the_question_after_verbatim_steps_scores_only_its_own_tokens(
+    smollm2_tokenizer, drafter_model
+):
+    ahead, outcomes = _serve(smollm2_tokenizer, drafter_model)
+    behind, none = _serve(smollm2_tokenizer, drafter_model, chat_read_ahead=False)
+    scratch, _ = _serve(smollm2_tokenizer, drafter_model, drafter_sessions=0)
+    modes = [stats["view"]["mode"] for _, stats in ahead]
+    assert modes == ["fresh", "continue", "continue", "continue"]
+    assert outcomes == ["done", "done"] and none == []
+    # what is served is the same with read-ahead, without it, and from scratch
+    for turn in range(4):
+        assert ahead[turn][0] == behind[turn][0] == scratch[turn][0], f"turn {turn}"
+    # the two tool outputs (~300 tokens) were scored in the background of their own steps:
+    # the question resumes after them; without read-ahead it pays for them
+    q_ahead, q_behind = ahead[3][1], behind[3][1]
+    assert q_ahead["scorer_new_tokens"] < 60 < 250 < q_behind["scorer_new_tokens"]
+    assert q_ahead["scorer_resume"] > q_behind["scorer_resume"]
+
+
+def test_a_failed_read_ahead_changes_nothing_served_and_is_counted(
+    smollm2_tokenizer, drafter_model
+):
+    def failing(scorer):
+        def score(request: ScoreRequest):
+            if request.read_ahead:
+                raise RuntimeError("drafter replica lost")
+            return scorer(request)
+
+        return score
+
+    failed, outcomes = _serve(smollm2_tokenizer, drafter_model, scorer_wrap=failing)
+    plain, _ = _serve(smollm2_tokenizer, drafter_model, chat_read_ahead=False)
+    assert outcomes == ["failed", "failed"]
+    assert [ids for ids, _ in failed] == [ids for ids, _ in plain]
+    # the question scored the verbatim steps itself
+    assert failed[3][1]["scorer_new_tokens"] == plain[3][1]["scorer_new_tokens"]
+
+
+def _request(ids: tuple[int, ...], read_ahead: bool) -> ScoreRequest:
+    query = Span(len(ids) - 20, len(ids))
+    return ScoreRequest(
+        ids=ids,
+        windows=(QueryWindow(query, 1.0, "main"),),
+        query=query,
+        session_key="conv",
+        read_ahead=read_ahead,
+    )
+
+
+def test_a_read_ahead_the_conversation_outran_is_skipped_and_leaves_the_session(
+    smollm2_tokenizer, drafter_model
+):
+    scorer = DrafterScorer(_config(), drafter_model)
+    rng = np.random.default_rng(3)
+    later = tuple(int(i) for i in rng.integers(100, 5000, size=300))
+    scorer(_request(later, read_ahead=False))  # the conversation's next turn came first
+    stale = scorer(_request(later[:200], read_ahead=True))
+    assert is_skipped_read_ahead(stale) and stale.mass is None
+    assert scorer.sessions.get("conv").ids == later  # not rewound
+    # a read-ahead that extends the session runs, resuming it
+    longer = later + tuple(int(i) for i in rng.integers(100, 5000, size=40))
+    ran = scorer(_request(longer, read_ahead=True))
+    assert not is_skipped_read_ahead(ran)
+    assert ran.scorer_resume > 0 and scorer.sessions.get("conv").ids == longer
