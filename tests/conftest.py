@@ -32,6 +32,32 @@ def smollm2_tokenizer():
     return load_tokenizer("embedded:smollm2-135m")
 
 
+def license_text(name: str, chars: int) -> str:
+    """The first `chars` characters of a Debian license text (on every machine)."""
+    return open(f"/usr/share/common-licenses/{name}").read()[:chars]
+
+
+def tool_step(name: str, output: str, n: int) -> list[dict]:
+    """An agent's tool call `name` and its `output`, as two chat messages."""
+    call = {"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"call_{n}", "content": output},
+    ]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_drafter(smollm2_tokenizer):
+    """A 4-layer random-weight llama over SmolLM2's vocabulary, as a loaded drafter: for
+    tests of the session and reuse mechanics, where the weights do not matter."""
+    from pflash.models.gguf_io import tiny_decoder
+    from pflash.models.loading import LoadedModel
+    from pflash.models.source import ModelSource
+
+    model = tiny_decoder("llama", layers=4, vocab=len(smollm2_tokenizer))
+    return LoadedModel(model, ModelSource("tiny", Path(".")), None, 0.0, False, "llama")
+
+
 def stdlib_texts(limit: int = 40) -> list[str]:
     """Real text that ships on every machine: a deterministic slice of stdlib sources."""
     root = Path(sysconfig.get_paths()["stdlib"])

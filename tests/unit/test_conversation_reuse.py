@@ -10,10 +10,7 @@ sentence embedder the real shipped one, the tokenizer SmolLM2's.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-from conftest import UNTUNED
+from conftest import UNTUNED, license_text, tool_step
 
 from pflash import api
 from pflash.compressor import (
@@ -25,17 +22,10 @@ from pflash.compressor import (
 )
 from pflash.config import build_config
 from pflash.models.drafter.scorer import DrafterScorer
-from pflash.models.gguf_io import tiny_decoder
-from pflash.models.loading import LoadedModel
-from pflash.models.source import ModelSource
 from pflash.views.store import ViewStore
 
 FACT = "The archive password for the blue vault is heliotrope-42."
 PLANTED = "The build cache lives in /var/cache/orbit and is wiped every Tuesday."
-
-
-def _text(name: str, chars: int) -> str:
-    return open(f"/usr/share/common-licenses/{name}").read()[:chars]
 
 
 def _with(fact: str, body: str) -> str:
@@ -43,22 +33,17 @@ def _with(fact: str, body: str) -> str:
     return body[:mid] + "\n\n" + fact + body[mid:]
 
 
-def _call(name: str, output: str, n: int) -> list[dict]:
-    call = {"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": "{}"}}
-    return [
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": f"call_{n}", "content": output},
-    ]
-
-
 def _turns() -> list[list[dict]]:
     """A task over a document, two tool outputs (one with a planted fact), then questions."""
     task = [
         {"role": "system", "content": "You are a coding agent. Answer briefly."},
-        {"role": "user", "content": _with(FACT, _text("GPL-3", 6000)) + "\n\nTidy the build."},
+        {
+            "role": "user",
+            "content": _with(FACT, license_text("GPL-3", 6000)) + "\n\nTidy the build.",
+        },
     ]
-    tool1 = [*task, *_call("read_file", _with(PLANTED, _text("Apache-2.0", 5000)), 1)]
-    tool2 = [*tool1, *_call("run_tests", _text("MPL-2.0", 4000), 2)]
+    tool1 = [*task, *tool_step("read_file", _with(PLANTED, license_text("Apache-2.0", 5000)), 1)]
+    tool2 = [*tool1, *tool_step("run_tests", license_text("MPL-2.0", 4000), 2)]
     question = [
         *tool2,
         {"role": "assistant", "content": "Tests ran."},
@@ -70,12 +55,6 @@ def _turns() -> list[list[dict]]:
         {"role": "user", "content": "What is the password of the blue vault?"},
     ]
     return [task, tool1, tool2, question, again]
-
-
-@pytest.fixture(scope="module")
-def drafter_model(smollm2_tokenizer):
-    model = tiny_decoder("llama", layers=4, vocab=len(smollm2_tokenizer))
-    return LoadedModel(model, ModelSource("tiny", Path(".")), None, 0.0, False, "llama")
 
 
 def _serve(tokenizer, loaded, sessions: int) -> list[api.PFlashStats | dict]:
@@ -113,10 +92,10 @@ def _serve(tokenizer, loaded, sessions: int) -> list[api.PFlashStats | dict]:
 
 
 def test_a_conversation_served_with_reuse_equals_it_computed_from_scratch(
-    smollm2_tokenizer, drafter_model
+    smollm2_tokenizer, tiny_llama_drafter
 ):
-    reused = _serve(smollm2_tokenizer, drafter_model, sessions=2)
-    scratch = _serve(smollm2_tokenizer, drafter_model, sessions=0)
+    reused = _serve(smollm2_tokenizer, tiny_llama_drafter, sessions=2)
+    scratch = _serve(smollm2_tokenizer, tiny_llama_drafter, sessions=0)
     modes = [stats["view"]["mode"] for *_, stats in reused]
     assert modes == ["fresh", "continue-compressed", "continue-compressed", "continue", "continue"]
     assert modes == [stats["view"]["mode"] for *_, stats in scratch]

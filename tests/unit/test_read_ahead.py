@@ -7,11 +7,8 @@ not the weights, are under test); the flow, views and tokenizer are the real one
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-import pytest
-from conftest import UNTUNED
+from conftest import UNTUNED, license_text, tool_step
 
 from pflash import api
 from pflash.compress.query import QueryWindow
@@ -25,49 +22,28 @@ from pflash.compressor import (
 )
 from pflash.config import build_config
 from pflash.models.drafter.scorer import DrafterScorer
-from pflash.models.gguf_io import tiny_decoder
-from pflash.models.loading import LoadedModel
-from pflash.models.source import ModelSource
 from pflash.spans import Span
 from pflash.views.store import ViewStore
 
 FACT = "The archive password for the blue vault is heliotrope-42."
 
 
-def _text(name: str, chars: int) -> str:
-    return open(f"/usr/share/common-licenses/{name}").read()[:chars]
-
-
-def _call(name: str, output: str, n: int) -> list[dict]:
-    call = {"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": "{}"}}
-    return [
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": f"call_{n}", "content": output},
-    ]
-
-
 def _turns() -> list[list[dict]]:
     """A task over a document, two small tool outputs (appended verbatim), a question."""
-    body = _text("GPL-3", 6000)
+    body = license_text("GPL-3", 6000)
     mid = body.index("\n\n", len(body) // 2)
     task = [
         {"role": "system", "content": "You are a coding agent. Answer briefly."},
         {"role": "user", "content": body[:mid] + "\n\n" + FACT + body[mid:] + "\n\nTidy up."},
     ]
-    tool1 = [*task, *_call("ls", _text("BSD", 500), 1)]
-    tool2 = [*tool1, *_call("git_status", _text("Apache-2.0", 600), 2)]
+    tool1 = [*task, *tool_step("ls", license_text("BSD", 500), 1)]
+    tool2 = [*tool1, *tool_step("git_status", license_text("Apache-2.0", 600), 2)]
     question = [
         *tool2,
         {"role": "assistant", "content": "Done."},
         {"role": "user", "content": "What is the password of the blue vault?"},
     ]
     return [task, tool1, tool2, question]
-
-
-@pytest.fixture(scope="module")
-def drafter_model(smollm2_tokenizer):
-    model = tiny_decoder("llama", layers=4, vocab=len(smollm2_tokenizer))
-    return LoadedModel(model, ModelSource("tiny", Path(".")), None, 0.0, False, "llama")
 
 
 def _config(**over):
@@ -111,11 +87,11 @@ def _serve(tokenizer, loaded, *, scorer_wrap=None, **over):
 
 
 def test_the_question_after_verbatim_steps_scores_only_its_own_tokens(
-    smollm2_tokenizer, drafter_model
+    smollm2_tokenizer, tiny_llama_drafter
 ):
-    ahead, outcomes = _serve(smollm2_tokenizer, drafter_model)
-    behind, none = _serve(smollm2_tokenizer, drafter_model, chat_read_ahead=False)
-    scratch, _ = _serve(smollm2_tokenizer, drafter_model, drafter_sessions=0)
+    ahead, outcomes = _serve(smollm2_tokenizer, tiny_llama_drafter)
+    behind, none = _serve(smollm2_tokenizer, tiny_llama_drafter, chat_read_ahead=False)
+    scratch, _ = _serve(smollm2_tokenizer, tiny_llama_drafter, drafter_sessions=0)
     modes = [stats["view"]["mode"] for _, stats in ahead]
     assert modes == ["fresh", "continue", "continue", "continue"]
     assert outcomes == ["done", "done"] and none == []
@@ -130,7 +106,7 @@ def test_the_question_after_verbatim_steps_scores_only_its_own_tokens(
 
 
 def test_a_failed_read_ahead_changes_nothing_served_and_is_counted(
-    smollm2_tokenizer, drafter_model
+    smollm2_tokenizer, tiny_llama_drafter
 ):
     def failing(scorer):
         def score(request: ScoreRequest):
@@ -140,8 +116,8 @@ def test_a_failed_read_ahead_changes_nothing_served_and_is_counted(
 
         return score
 
-    failed, outcomes = _serve(smollm2_tokenizer, drafter_model, scorer_wrap=failing)
-    plain, _ = _serve(smollm2_tokenizer, drafter_model, chat_read_ahead=False)
+    failed, outcomes = _serve(smollm2_tokenizer, tiny_llama_drafter, scorer_wrap=failing)
+    plain, _ = _serve(smollm2_tokenizer, tiny_llama_drafter, chat_read_ahead=False)
     assert outcomes == ["failed", "failed"]
     assert [ids for ids, _ in failed] == [ids for ids, _ in plain]
     # the question scored the verbatim steps itself
@@ -160,9 +136,9 @@ def _request(ids: tuple[int, ...], read_ahead: bool) -> ScoreRequest:
 
 
 def test_a_read_ahead_the_conversation_outran_is_skipped_and_leaves_the_session(
-    smollm2_tokenizer, drafter_model
+    smollm2_tokenizer, tiny_llama_drafter
 ):
-    scorer = DrafterScorer(_config(), drafter_model)
+    scorer = DrafterScorer(_config(), tiny_llama_drafter)
     rng = np.random.default_rng(3)
     later = tuple(int(i) for i in rng.integers(100, 5000, size=300))
     scorer(_request(later, read_ahead=False))  # the conversation's next turn came first
