@@ -49,6 +49,7 @@ from pathlib import Path
 import yaml
 
 from pflash_lab.bench import agent_trace
+from pflash_lab.bench.harness import parse_overrides
 from pflash_lab.bench.launch import ROOT, ServeCluster, free_port, scratch_dir, stop_group
 
 BIG_SPEC = "24:1536:5632"  # ~840M parameters with the SmolLM2 vocabulary
@@ -74,9 +75,11 @@ def build_config(
     threshold: int,
     target: str | None,
     vllm: str | None = None,
+    overrides: dict | None = None,
 ) -> Path:
     """serve_config.yaml with the bench's keys; `target` a target model to swap in; `vllm`
-    a running vLLM's URL: then examples/serve_config.vllm.yaml's app, in front of it."""
+    a running vLLM's URL: then examples/serve_config.vllm.yaml's app, in front of it;
+    `overrides`: more app args (`--set`)."""
     source = ROOT / "examples" / "serve_config.vllm.yaml" if vllm else ROOT / "serve_config.yaml"
     cfg = yaml.safe_load(source.read_text())
     cfg["http_options"]["port"] = port
@@ -86,6 +89,7 @@ def build_config(
         args["target"] = target
     if vllm:
         args["upstream_base_url"] = vllm
+    args.update(overrides or {})
     path = work / "serve_config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -530,6 +534,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an app arg for the started app (e.g. chat_read_ahead=false), repeatable",
+    )
+    parser.add_argument(
         "--pflash-only",
         action="store_true",
         help="skip the full-prompt session (lengths past the target's context): step costs only",
@@ -557,7 +568,12 @@ def main(argv: list[str] | None = None) -> int:
             big = random_target(args.big_spec, work / "target")
             target = f"random-weight llama {args.big_spec}"
         port = free_port()
-        cluster = ServeCluster(build_config(work, port, args.keep, args.threshold, big, vllm), work)
+        cluster = ServeCluster(
+            build_config(
+                work, port, args.keep, args.threshold, big, vllm, parse_overrides(args.set)
+            ),
+            work,
+        )
         base = f"http://127.0.0.1:{port}"
         cluster.start(
             f"{base}/v1/completions",
