@@ -262,6 +262,50 @@ def test_an_agent_session_through_messages_compresses_each_tool_output_as_it_arr
         assert question["semantic_reused"] >= question["semantic_passages"] - 4
 
 
+def test_small_tool_results_are_read_ahead_so_the_next_question_scores_only_itself(claude):
+    """Tool results under `chat_compress_new_tokens` are appended to the view verbatim,
+    without the drafter before the answer; the drafter reads them in the background
+    (read-ahead), so the question after them resumes the session past them and scores only
+    its own tokens instead of theirs too."""
+    licence = Path("/usr/share/common-licenses")
+    outputs = [(licence / "BSD").read_text()[:900], (licence / "Artistic").read_text()[:900]]
+    messages = [{"role": "user", "content": _document(3000) + "\n\nTidy up this project."}]
+    extra = {**GREEDY, "pflash_mode": "always", "pflash_keep_ratio": 0.2, "session_id": "agent-8"}
+    tool = {"name": "read_file", "description": "Read a file.", "input_schema": {"type": "object"}}
+    steps = []
+
+    def step():
+        message = claude.messages.create(
+            model="pflash", max_tokens=8, messages=messages, tools=[tool], extra_body=extra
+        )
+        steps.append(message.usage.model_extra["pflash"])
+
+    step()
+    for n, output in enumerate(outputs):
+        call = {"type": "tool_use", "id": f"toolu_{n}", "name": "read_file", "input": {"n": n}}
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": output}
+        messages += [
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [result]},
+        ]
+        step()
+    messages += [
+        {"role": "assistant", "content": "Both files read."},
+        {"role": "user", "content": "What does the first file say about warranties?"},
+    ]
+    step()
+    first, *tools, question = steps
+    assert first["view"]["mode"] == "fresh"
+    for stats in tools:
+        assert stats["view"]["mode"] == "continue", stats["view"]  # appended verbatim
+        assert not stats.get("scorer_new_tokens")  # no drafter before the answer
+    assert question["view"]["mode"] == "continue", question["view"]
+    added = question["drafter_input_tokens"] - first["drafter_input_tokens"]
+    assert added > 400  # the two results and the question
+    assert question["scorer_resume"] >= first["drafter_input_tokens"] + added - 64
+    assert question["scorer_new_tokens"] < 64  # its own tokens: the results were read ahead
+
+
 # ----------------------------------------------------------------------------- Responses
 
 
