@@ -348,3 +348,7 @@ class ServeCluster:
             log.close()
         self.procs.clear()
         self._logs.clear()
+        # Ray's session files (logs, sockets; a few MB a cluster) go with the cluster, as
+        # the work folder does (`scratch_dir`); PFLASH_KEEP_WORK=1 keeps both
+        if self.ray_temp != self.workdir and os.environ.get("PFLASH_KEEP_WORK") != "1":
+            shutil.rmtree(self.ray_temp, ignore_errors=True)
