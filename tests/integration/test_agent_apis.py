@@ -206,18 +206,12 @@ def test_a_long_document_is_compressed_through_messages(claude):
     assert NEEDLE in message.model_extra["pflash_prompt"]
 
 
-def test_an_agent_session_through_messages_compresses_each_tool_output_as_it_arrives(claude):
-    """A task over a document, two tool results of ~1.5K tokens, then a question: each tool
-    output is compressed into the view when it arrives (the target's cached prefix reused,
-    the drafter resuming on the new tokens), and the question scores only its own tokens."""
+def _agent_session(claude, document: int, outputs: list[str], question: str, session: str):
+    """`usage.pflash` of each step of an agent session through `/v1/messages`: a task over a
+    `document`-token text, one `read_file` call and result per output, then `question`."""
     tool = {"name": "read_file", "description": "Read a file.", "input_schema": {"type": "object"}}
-    licence = Path("/usr/share/common-licenses")
-    outputs = [
-        (licence / "Apache-2.0").read_text()[:6000],
-        (licence / "MPL-2.0").read_text()[:6000],
-    ]
-    messages = [{"role": "user", "content": _document(4000) + "\n\nTidy up this project."}]
-    extra = {**GREEDY, "pflash_mode": "always", "pflash_keep_ratio": 0.2, "session_id": "agent-7"}
+    messages = [{"role": "user", "content": _document(document) + "\n\nTidy up this project."}]
+    extra = {**GREEDY, "pflash_mode": "always", "pflash_keep_ratio": 0.2, "session_id": session}
     steps = []
 
     def step():
@@ -229,21 +223,31 @@ def test_an_agent_session_through_messages_compresses_each_tool_output_as_it_arr
     step()
     for n, output in enumerate(outputs):
         call = {"type": "tool_use", "id": f"toolu_{n}", "name": "read_file", "input": {"n": n}}
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": output}
         messages += [
             {"role": "assistant", "content": [call]},
-            {
-                "role": "user",
-                "content": [
-                    {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": output}
-                ],
-            },
+            {"role": "user", "content": [result]},
         ]
         step()
     messages += [
         {"role": "assistant", "content": "Both files read."},
-        {"role": "user", "content": "What does the first file say about trademarks?"},
+        {"role": "user", "content": question},
     ]
     step()
+    return steps
+
+
+def test_an_agent_session_through_messages_compresses_each_tool_output_as_it_arrives(claude):
+    """A task over a document, two tool results of ~1.5K tokens, then a question: each tool
+    output is compressed into the view when it arrives (the target's cached prefix reused,
+    the drafter resuming on the new tokens), and the question scores only its own tokens."""
+    licence = Path("/usr/share/common-licenses")
+    outputs = [
+        (licence / "Apache-2.0").read_text()[:6000],
+        (licence / "MPL-2.0").read_text()[:6000],
+    ]
+    question = "What does the first file say about trademarks?"
+    steps = _agent_session(claude, 4000, outputs, question, "agent-7")
     first, *tools, question = steps
     assert first["view"]["mode"] == "fresh"
     previous = first
@@ -269,31 +273,8 @@ def test_small_tool_results_are_read_ahead_so_the_next_question_scores_only_itse
     its own tokens instead of theirs too."""
     licence = Path("/usr/share/common-licenses")
     outputs = [(licence / "BSD").read_text()[:900], (licence / "Artistic").read_text()[:900]]
-    messages = [{"role": "user", "content": _document(3000) + "\n\nTidy up this project."}]
-    extra = {**GREEDY, "pflash_mode": "always", "pflash_keep_ratio": 0.2, "session_id": "agent-8"}
-    tool = {"name": "read_file", "description": "Read a file.", "input_schema": {"type": "object"}}
-    steps = []
-
-    def step():
-        message = claude.messages.create(
-            model="pflash", max_tokens=8, messages=messages, tools=[tool], extra_body=extra
-        )
-        steps.append(message.usage.model_extra["pflash"])
-
-    step()
-    for n, output in enumerate(outputs):
-        call = {"type": "tool_use", "id": f"toolu_{n}", "name": "read_file", "input": {"n": n}}
-        result = {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": output}
-        messages += [
-            {"role": "assistant", "content": [call]},
-            {"role": "user", "content": [result]},
-        ]
-        step()
-    messages += [
-        {"role": "assistant", "content": "Both files read."},
-        {"role": "user", "content": "What does the first file say about warranties?"},
-    ]
-    step()
+    question = "What does the first file say about warranties?"
+    steps = _agent_session(claude, 3000, outputs, question, "agent-8")
     first, *tools, question = steps
     assert first["view"]["mode"] == "fresh"
     for stats in tools:
