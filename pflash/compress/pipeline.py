@@ -116,7 +116,9 @@ class Compressed:
     - `lexical_spans`: kept units that share rare words with the question (lexical
       evidence); `evidence_spans`: the kept parts of the passages the evidence signals
       (semantic, projection) rank best for it; recall brings both back like
-      high-lift candidates.
+      high-lift candidates. `named_spans`: the lexical spans whose shared text the question
+      names (an identifier, a number, a name, a quoted string: `AnchoredUnit.named`); when
+      there are any, recall leaves out the high-lift candidates (§6.2).
     - `budget_ratio`: r0, the keep ratio over droppable tokens the budget was sized with
       (configured, curve, adaptive or the request's `pflash_keep_ratio`, after the cap that
       fits an over-long prompt into the context; before pins are added and before the
@@ -137,6 +139,7 @@ class Compressed:
     original_tokens: int = 0  # target tokens of the prompt as the client sent it
     lexical_spans: tuple[Span, ...] = ()
     evidence_spans: tuple[Span, ...] = ()
+    named_spans: tuple[Span, ...] = ()
     budget_ratio: float | None = None
     part_spans: tuple[Span, ...] = ()
     part_begin: int = 0
@@ -410,17 +413,20 @@ def finish(
     lifts = tuple(candidate_lifts(scores.mass, spans)) if scores.mass is not None else ()
     stats = _stats(prepared, scores, chosen, len(cands), budget.kept_tokens, select_started)
     lexical_spans: tuple[Span, ...] = ()
+    named_spans: tuple[Span, ...] = ()
     stats |= passage_evidence.evidence_stats(scores)
     stats["question_kind"] = prepared.question.kind if prepared.question else None
     if evidence is not None:
         stats["lexical_units"] = len(evidence.units)
         stats["lexical_kept"] = chosen.lexical_kept
         kept = chosen.assembly.kept_spans
-        lexical_spans = tuple(
-            u.span
+        units = [
+            u
             for u in evidence.units
             if any(k.begin <= u.span.begin and u.span.end <= k.end for k in kept)
-        )
+        ]
+        lexical_spans = tuple(u.span for u in units)
+        named_spans = tuple(u.span for u in units if u.named)
     if trace is not None:
         trace.write(_selection_trace(prepared, config, seg, other, chosen, fit.r_used, kind))
     part_spans: tuple[Span, ...] = ()
@@ -447,6 +453,7 @@ def finish(
         original_tokens=len(prepared.input.prompt.ids),
         lexical_spans=lexical_spans,
         evidence_spans=passage_evidence.recalled_evidence(signals, chosen.assembly.kept_spans),
+        named_spans=named_spans,
         budget_ratio=budget.r0,
         part_spans=part_spans,
         part_begin=prepared.part_begin if part_spans else 0,

@@ -388,12 +388,18 @@ def recall_spans(
     `min_lift`, plus the kept lexical evidence (text sharing rare words with the new
     question, whatever its attention) and the kept parts of the passages the evidence
     signals rank best for it (a question in other words), minus in_view; a content-free question recalls
-    almost nothing because its lifts stay near uniform and it names no rare word. Without lifts (legacy scorer): the fresh kept spans minus
+    almost nothing because its lifts stay near uniform and it names no rare word. A question
+    that names its evidence (kept lexical units it names: `Compressed.named_spans`) recalls
+    no high-lift candidates: the named units hold its evidence, and in the agent benchmark
+    the lifts added test-log and diff lines around them (half of what literal questions
+    recalled, each token prefilled by the target before the first answer token). Without lifts (legacy scorer): the fresh kept spans minus
     in_view. Canonical, drafter tokens of the new prompt.
     """
     in_view = union(view.spans, [Span(view.drafter_gen_begin, n_drafter)])
     if fresh.candidate_lifts:
         hot = [span for span, lift in fresh.candidate_lifts if lift >= min_lift]
+        if fresh.named_spans:  # the question names its evidence: lexical evidence finds it
+            hot = []
         return subtract(union(hot, fresh.lexical_spans, fresh.evidence_spans), in_view)
     return subtract(fresh.kept_spans, in_view)
 

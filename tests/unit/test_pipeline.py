@@ -95,6 +95,26 @@ def _compress(tokenizer_t, tokenizer_d, cfg, messages, ids, **kw):
 CFG = dict(mode="always", keep_ratio=0.1, select_chunk_size=64, select_semantic_weight=0.0)
 
 
+def test_the_kept_lexical_evidence_a_question_names_is_reported_for_recall(smollm2_tokenizer):
+    # "quokka" and the number's line: the question names the needle's words; a question in
+    # other words shares only plain words with the text and names nothing
+    cfg = build_config(CFG, env={})
+    messages, ids = _chat(smollm2_tokenizer)
+    out = _compress(smollm2_tokenizer, smollm2_tokenizer, cfg, messages, ids)
+    drafter = smollm2_tokenizer.decode
+    named = [drafter(ids[s.begin : s.end]) for s in out.named_spans]
+    assert any("quokka" in text for text in named)
+    assert set(out.named_spans) <= set(out.lexical_spans)
+    plain = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": _document() + "\n\nWhat may a person do with the work?"},
+    ]
+    text = render_chat(smollm2_tokenizer, plain)
+    plain_ids = tuple(smollm2_tokenizer(text, add_special_tokens=False)["input_ids"])
+    other = _compress(smollm2_tokenizer, smollm2_tokenizer, cfg, plain, plain_ids)
+    assert other.named_spans == ()
+
+
 def test_needle_question_and_generation_prompt_survive_compression(smollm2_tokenizer):
     cfg = build_config(CFG, env={})
     messages, ids = _chat(smollm2_tokenizer)

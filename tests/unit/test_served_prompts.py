@@ -12,7 +12,12 @@ recording still holds a rebuild (`options_changed`); the recording's other entri
 byte for byte as before. Since the read-ahead (a verbatim step is scored in the background, so
 the next turn's drafter resumes later), where the drafter resumed (`scorer_resume`,
 `scorer_new_tokens`) is no longer compared, as the other reuse counts before it; every served
-prompt and every other field came out byte for byte as before.
+prompt and every other field came out byte for byte as before. The conversations were re-recorded
+when a question that names its evidence stopped recalling the high-lift lines around it
+(docs/ALGORITHM.md §6.2): the default variant's turn 2 recalls 26 tokens instead of 51 (the
+FSF copyright line no longer), its later turns serve 25 fewer and its paste turn recalls 38;
+all three facts are in every turn's prompt as before; the cases and the attention variant
+came out byte for byte as before.
 
 The requests go through exactly what the ingress runs, in process: `pflash.api` parsing,
 `render_request`, `compression_request`, `Compressor.run` with the real embedded drafter,

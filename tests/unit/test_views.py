@@ -735,6 +735,27 @@ def test_recall_brings_back_kept_lexical_evidence_whatever_its_attention_lift():
     assert recall_spans(view, no_lexical, 1000, 2.0) == (Span(600, 664),)
 
 
+def test_a_question_that_names_its_evidence_recalls_it_without_the_high_lift_lines():
+    """ "What is MAX_RETRY_BUDGET set to?": the kept lexical unit the question names holds
+    the answer; the high-lift lines around it (a test log's separators) are not recalled,
+    the passage the evidence signals rank best still is. A question that names nothing
+    (its lexical units share only plain words) keeps the high-lift lines."""
+    import dataclasses
+
+    from pflash.views.decision import recall_spans
+
+    view, fresh = _recall_case(
+        (Span(0, 50), Span(300, 320), Span(600, 664), Span(800, 830)),
+        ((Span(300, 320), 1.1), (Span(600, 664), 3.0), (Span(0, 50), 5.0)),
+        lexical_spans=(Span(300, 320),),
+        named_spans=(Span(300, 320),),
+        evidence_spans=(Span(800, 830),),
+    )
+    assert recall_spans(view, fresh, 1000, 2.0) == (Span(300, 320), Span(800, 830))
+    plain = dataclasses.replace(fresh, named_spans=())
+    assert recall_spans(view, plain, 1000, 2.0) == (Span(300, 320), Span(600, 664), Span(800, 830))
+
+
 def test_recall_brings_back_the_passage_the_evidence_signals_rank_best():
     """A question in other words: the drafter's attention lift of its evidence is low and it
     shares no rare word, but the semantic signal ranks its passage best and the fresh
