@@ -46,6 +46,37 @@ def tool_step(name: str, output: str, n: int) -> list[dict]:
     ]
 
 
+def serve_turns(tokenizer, scorer, config, turns, session_id: str, *, record=None) -> list:
+    """Each chat of `turns` (message lists, one conversation growing) through one real
+    `Compressor` with a view store, as tenant-a: the `Compressed` result of every turn.
+    `scorer` is called in process; `record` receives the flow's metric events."""
+    from pflash import api
+    from pflash.compressor import (
+        Compressor,
+        LocalStore,
+        compression_request,
+        local_scorer,
+        render_request,
+    )
+    from pflash.views.store import ViewStore
+
+    flow = Compressor(
+        target_tokenizer=tokenizer,
+        drafter_tokenizer=tokenizer,
+        scorer=local_scorer(scorer),
+        store=LocalStore(ViewStore(16, 3600.0)),
+        max_context=8192,
+        record=record or (lambda name, value=1.0, **tags: None),
+    )
+    out = []
+    for messages in turns:
+        body = {"messages": messages, "max_tokens": 32, "session_id": session_id}
+        req = api.parse_chat_request(body)
+        job = compression_request(req, render_request(req, "chat", tokenizer), config, "tenant-a")
+        out.append(flow.run_sync(job).compressed)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_drafter(smollm2_tokenizer):
     """A 4-layer random-weight llama over SmolLM2's vocabulary, as a loaded drafter: for

@@ -10,19 +10,10 @@ sentence embedder the real shipped one, the tokenizer SmolLM2's.
 
 from __future__ import annotations
 
-from conftest import UNTUNED, license_text, tool_step
+from conftest import UNTUNED, license_text, serve_turns, tool_step
 
-from pflash import api
-from pflash.compressor import (
-    Compressor,
-    LocalStore,
-    compression_request,
-    local_scorer,
-    render_request,
-)
 from pflash.config import build_config
 from pflash.models.drafter.scorer import DrafterScorer
-from pflash.views.store import ViewStore
 
 FACT = "The archive password for the blue vault is heliotrope-42."
 PLANTED = "The build cache lives in /var/cache/orbit and is wiped every Tuesday."
@@ -57,7 +48,7 @@ def _turns() -> list[list[dict]]:
     return [task, tool1, tool2, question, again]
 
 
-def _serve(tokenizer, loaded, sessions: int) -> list[api.PFlashStats | dict]:
+def _serve(tokenizer, loaded, sessions: int) -> list[tuple]:
     config = build_config(
         UNTUNED
         | {
@@ -73,22 +64,8 @@ def _serve(tokenizer, loaded, sessions: int) -> list[api.PFlashStats | dict]:
         env={},
     )
     scorer = DrafterScorer(config, loaded)
-    flow = Compressor(
-        target_tokenizer=tokenizer,
-        drafter_tokenizer=tokenizer,
-        scorer=local_scorer(scorer),
-        store=LocalStore(ViewStore(16, 3600.0)),
-        max_context=8192,
-    )
-    served = []
-    for messages in _turns():
-        req = api.parse_chat_request(
-            {"messages": messages, "max_tokens": 32, "session_id": "agent-1"}
-        )
-        job = compression_request(req, render_request(req, "chat", tokenizer), config, "tenant-a")
-        result = flow.run_sync(job).compressed
-        served.append((result.served_ids, result.served_text, result.stats))
-    return served
+    results = serve_turns(tokenizer, scorer, config, _turns(), "agent-1")
+    return [(r.served_ids, r.served_text, r.stats) for r in results]
 
 
 def test_a_conversation_served_with_reuse_equals_it_computed_from_scratch(

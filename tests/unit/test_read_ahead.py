@@ -8,22 +8,13 @@ not the weights, are under test); the flow, views and tokenizer are the real one
 from __future__ import annotations
 
 import numpy as np
-from conftest import UNTUNED, license_text, tool_step
+from conftest import UNTUNED, license_text, serve_turns, tool_step
 
-from pflash import api
 from pflash.compress.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest, is_skipped_read_ahead
-from pflash.compressor import (
-    Compressor,
-    LocalStore,
-    compression_request,
-    local_scorer,
-    render_request,
-)
 from pflash.config import build_config
 from pflash.models.drafter.scorer import DrafterScorer
 from pflash.spans import Span
-from pflash.views.store import ViewStore
 
 FACT = "The archive password for the blue vault is heliotrope-42."
 
@@ -68,20 +59,9 @@ def _serve(tokenizer, loaded, *, scorer_wrap=None, **over):
     scorer = DrafterScorer(config, loaded)
     events: list[tuple[str, dict]] = []
     score = scorer if scorer_wrap is None else scorer_wrap(scorer)
-    flow = Compressor(
-        target_tokenizer=tokenizer,
-        drafter_tokenizer=tokenizer,
-        scorer=local_scorer(score),
-        store=LocalStore(ViewStore(16, 3600.0)),
-        max_context=8192,
-        record=lambda name, value=1.0, **tags: events.append((name, tags)),
-    )
-    served = []
-    for messages in _turns():
-        req = api.parse_chat_request({"messages": messages, "max_tokens": 32, "session_id": "a1"})
-        job = compression_request(req, render_request(req, "chat", tokenizer), config, "tenant-a")
-        result = flow.run_sync(job).compressed
-        served.append((result.served_ids, result.stats))
+    record = lambda name, value=1.0, **tags: events.append((name, tags))  # noqa: E731
+    results = serve_turns(tokenizer, score, config, _turns(), "a1", record=record)
+    served = [(r.served_ids, r.stats) for r in results]
     read_aheads = [tags["outcome"] for name, tags in events if name == "pflash_read_aheads"]
     return served, read_aheads
 
