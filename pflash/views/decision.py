@@ -38,6 +38,7 @@ from typing import Literal
 from pflash.compress import encoding
 from pflash.compress.assemble import joined_runs, recall_text
 from pflash.compress.chat import FAMILIES, ChatLayout, Turn, resolve_marker
+from pflash.compress.lexical import is_question_like, split_units, words
 from pflash.compress.pipeline import Compressed, Prepared
 from pflash.compress.query import Plan
 from pflash.config import PFlashConfig
@@ -238,8 +239,10 @@ def decide_view(
     4. compress_new (new target tokens ≥ chat_compress_new_tokens) or recall (a new user
        question and chat_recall) without a fresh result → compress first; an agent step or
        a small follow-up with recall off is appended verbatim **without the drafter**;
-    5. recall (§6.2): lifts ≥ chat_recall_min_lift (else the fresh kept spans) minus what
-       the view covers; 3 × recalled > the fresh selection (drafter tokens) → rebuild;
+    5. recall (§6.2, `recall_spans`): what the fresh selection found for the new question
+       (its named evidence; for a question that names nothing, all it kept; for a turn
+       that asks nothing, lifts ≥ chat_recall_min_lift) minus what the view covers;
+       3 × recalled > the fresh selection (drafter tokens) → rebuild;
     6. served = view_tokens[:view_gen_begin] + target.encode(delta text), the recall block
        opening the new user turn's content; it must end with the generation prompt (else
        fresh); served + max_output > max_context, or served > 2 × |fresh| → rebuild
@@ -308,7 +311,10 @@ def decide_view(
     recalled: tuple[Span, ...] = ()
     if recall:
         assert compressed_fresh is not None
-        recalled = recall_spans(view, compressed_fresh, n, config.chat_recall_min_lift)
+        # whether a question names its evidence is known from lexical evidence only
+        asks = config.select_lexical != "off" and _asks(prompt.plan.drafter.text, user_turn)
+        min_lift = config.chat_recall_min_lift
+        recalled = recall_spans(view, compressed_fresh, n, min_lift, asks=asks)
         if 3 * total_tokens(recalled) > total_tokens(compressed_fresh.kept_spans):
             return _fresh_view(
                 prompt, fresh, "rebuild", "recall_over_third", turn, tenant, view.conversation, now
@@ -379,29 +385,55 @@ def decide_view(
 
 
 def recall_spans(
-    view: View, fresh: Compressed, n_drafter: int, min_lift: float
+    view: View, fresh: Compressed, n_drafter: int, min_lift: float, *, asks: bool = False
 ) -> tuple[Span, ...]:
     """§6.2: the drafter spans a new question attends to that the view does not hold.
 
     in_view = the view's spans and everything from its generation prompt on (the new turn
-    is appended anyway). With lifts (head scorer): candidates whose lift is at least
-    `min_lift`, plus the kept lexical evidence (text sharing rare words with the new
-    question, whatever its attention) and the kept parts of the passages the evidence
-    signals rank best for it (a question in other words), minus in_view; a content-free question recalls
-    almost nothing because its lifts stay near uniform and it names no rare word. A question
-    that names its evidence (kept lexical units it names: `Compressed.named_spans`) recalls
-    no high-lift candidates: the named units hold its evidence, and in the agent benchmark
-    the lifts added test-log and diff lines around them (half of what literal questions
-    recalled, each token prefilled by the target before the first answer token). Without lifts (legacy scorer): the fresh kept spans minus
-    in_view. Canonical, drafter tokens of the new prompt.
+    is appended anyway). With lifts (head scorer), by what the new turn is:
+    - a question that names its evidence (kept lexical units it names:
+      `Compressed.named_spans`): the kept lexical evidence and the kept parts of the
+      passages the evidence signals rank best. No high-lift candidates: the named units hold
+      its evidence, and in the agent benchmark the lifts added test-log and diff lines
+      around them (half of what literal questions recalled, each token prefilled by the
+      target before the first answer token);
+    - a question that names nothing (`asks`: the turn holds a question, no named unit;
+      never with lexical evidence off, where naming is unknown):
+      everything the fresh selection kept. Why: its evidence is found by the selection's
+      whole mix (attention, the passage signals, lexical overlap of plain words), not by any
+      one part of it: in the agent benchmark its evidence ranked 1st-11th among the kept
+      candidates outside the view, and recalling only the best-lifted or best-signalled ones
+      kept it in 5 of 11 questions, the fresh selection in 11 of 11. It usually exceeds a
+      third of the fresh selection, so the view is rebuilt (`decide`, step 5);
+    - a turn that asks nothing ("Thanks, go on."): candidates whose lift is at least
+      `min_lift`, the kept lexical evidence and the signals' best passages; a content-free
+      turn names no rare word and its lifts stay near uniform, so it recalls little.
+    Without lifts (legacy scorer): the fresh kept spans minus in_view. Canonical, drafter
+    tokens of the new prompt.
     """
     in_view = union(view.spans, [Span(view.drafter_gen_begin, n_drafter)])
-    if fresh.candidate_lifts:
-        hot = [span for span, lift in fresh.candidate_lifts if lift >= min_lift]
-        if fresh.named_spans:  # the question names its evidence: lexical evidence finds it
-            hot = []
-        return subtract(union(hot, fresh.lexical_spans, fresh.evidence_spans), in_view)
-    return subtract(fresh.kept_spans, in_view)
+    if not fresh.candidate_lifts:
+        return subtract(fresh.kept_spans, in_view)
+    if fresh.named_spans:  # the question names its evidence: lexical evidence finds it
+        return subtract(union(fresh.lexical_spans, fresh.evidence_spans), in_view)
+    if asks:  # a question in other words: what the whole selection found for it
+        return subtract(fresh.kept_spans, in_view)
+    hot = [span for span, lift in fresh.candidate_lifts if lift >= min_lift]
+    return subtract(union(hot, fresh.lexical_spans, fresh.evidence_spans), in_view)
+
+
+def _asks(text: str, turn: Turn) -> bool:
+    """Whether a user turn holds a question about something: a sentence that is
+    question-like (`lexical.is_question_like`, the last one closing the turn) with a word
+    that is no stopword. "Are you sure?" and "What now?" ask about nothing. Linear in the
+    turn."""
+    units = split_units(text, turn.char_content_begin, turn.char_content_end, max_chars=None)
+    last = len(units) - 1
+    return any(
+        is_question_like(text[b:e], closes_turn=i == last)
+        and any(not w.stop for w in words(text, b, e))
+        for i, (b, e) in enumerate(units)
+    )
 
 
 # --------------------------------------------------------------------------- decision steps

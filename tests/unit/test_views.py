@@ -536,9 +536,9 @@ def test_recall_of_more_than_a_third_of_fresh_rebuilds(smollm2_tokenizer):
 def test_view_over_twice_the_fresh_compression_rebuilds(smollm2_tokenizer):
     conv = Conversation(smollm2_tokenizer)
     conv.turn(TURN1)
-    messages = _reply(TURN1, "7318842.", _paste() + "\n\nIs the quokka number in there too?")
+    messages = _reply(TURN1, "7318842.", _paste() + "\n\nKeep the quokka number in mind too.")
     prepared, view, first, fresh, d = conv.turn(messages)
-    assert first.reason == "recall"  # small enough to append verbatim, but a new question
+    assert first.reason == "recall"  # small enough to append verbatim, but a new user turn
     assert (d.mode, d.reason, d.turn) == ("rebuild", "served_over_2x_fresh", 2)
     assert d.served_ids == fresh.served_ids
     verbatim = len(view.view_tokens) + len(prepared.input.prompt.ids) - view.raw_gen_begin
@@ -780,3 +780,44 @@ def test_recall_brings_back_the_passage_the_evidence_signals_rank_best():
     )
     assert recall_spans(view, fresh, 1000, 2.0) == (Span(310, 340),)
     assert recall_spans(view, dataclasses.replace(fresh, evidence_spans=()), 1000, 2.0) == ()
+
+
+def test_a_question_in_other_words_recalls_all_the_fresh_selection_kept():
+    """ "Which partition moved elsewhere when its hold lapsed?" names nothing: its evidence
+    (a log line) has a low lift and no signal ranks it best, but the fresh selection kept
+    it. Recall brings back everything the fresh selection kept outside the view, not only
+    the high-lift candidates; the candidates it did not keep stay out."""
+    from pflash.views.decision import recall_spans
+
+    kept = (Span(0, 50), Span(300, 320), Span(600, 664), Span(700, 730))
+    lifts = ((Span(300, 320), 1.1), (Span(600, 664), 3.0), (Span(800, 830), 4.0))
+    view, fresh = _recall_case(kept, lifts, evidence_spans=(Span(600, 664),))
+    assert recall_spans(view, fresh, 1000, 2.0, asks=True) == (
+        Span(300, 320),
+        Span(600, 664),
+        Span(700, 730),
+    )
+    # a turn that asks nothing recalls the high-lift candidates and the signals' best only
+    assert recall_spans(view, fresh, 1000, 2.0, asks=False) == (Span(600, 664), Span(800, 830))
+
+
+@pytest.mark.parametrize(
+    ("turn", "asks"),
+    [
+        ("Which partition moved elsewhere when its hold lapsed?", True),
+        ("List the shards that were reassigned.", True),
+        ("I ran the tests. Where did the build cache live again?", True),
+        ("Thanks, that is all for now.", False),
+        ("Okay, go on.", False),
+        ("Are you sure?", False),
+        ("Continue with the next step please.", False),
+    ],
+)
+def test_a_turn_asks_when_it_holds_a_question(turn, asks):
+    from pflash.compress.chat import Turn
+    from pflash.views.decision import _asks
+
+    text = f"<|im_start|>user\n{turn}<|im_end|>\n"
+    b = text.index(turn)
+    user = Turn("user", 0, 0, 0, 0, True, 0, b, b + len(turn), len(text))
+    assert _asks(text, user) is asks
