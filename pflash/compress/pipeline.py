@@ -47,6 +47,7 @@ from pflash.compress.selection import (
     build_candidates,
     kept_spans,
     promote_spans,
+    ranked_candidates,
     resolve_score_kind,
     select_candidates,
     select_legacy,
@@ -118,7 +119,9 @@ class Compressed:
       (semantic, projection) rank best for it; recall brings both back like
       high-lift candidates. `named_spans`: the lexical spans whose shared text the question
       names (an identifier, a number, a name, a quoted string: `AnchoredUnit.named`); when
-      there are any, recall leaves out the high-lift candidates (§6.2).
+      there are any, recall leaves out the high-lift candidates (§6.2). `ranked_spans`: the
+      kept candidates, best first by their mean selection score (attention mixed with the
+      passage signals), which a question in other words recalls from (§6.2).
     - `budget_ratio`: r0, the keep ratio over droppable tokens the budget was sized with
       (configured, curve, adaptive or the request's `pflash_keep_ratio`, after the cap that
       fits an over-long prompt into the context; before pins are added and before the
@@ -140,6 +143,7 @@ class Compressed:
     lexical_spans: tuple[Span, ...] = ()
     evidence_spans: tuple[Span, ...] = ()
     named_spans: tuple[Span, ...] = ()
+    ranked_spans: tuple[Span, ...] = ()
     budget_ratio: float | None = None
     part_spans: tuple[Span, ...] = ()
     part_begin: int = 0
@@ -454,6 +458,7 @@ def finish(
         lexical_spans=lexical_spans,
         evidence_spans=passage_evidence.recalled_evidence(signals, chosen.assembly.kept_spans),
         named_spans=named_spans,
+        ranked_spans=ranked_candidates(chosen.candidates, chosen.selection.ordinals, token_scores),
         budget_ratio=budget.r0,
         part_spans=part_spans,
         part_begin=prepared.part_begin if part_spans else 0,

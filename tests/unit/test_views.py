@@ -521,7 +521,7 @@ def test_recall_of_more_than_a_third_of_fresh_rebuilds(smollm2_tokenizer):
     document = TURN1[1]["content"]
     wide = document[len(document) // 10 : len(document) * 2 // 5]  # a third of the document
     prepared, view, first, fresh, d = conv.turn(
-        _reply(TURN1, "7318842.", "Summarise the first part again."), attend_to=(wide,)
+        _reply(TURN1, "7318842.", "Go over the first part again."), attend_to=(wide,)
     )
     assert (d.mode, d.reason, d.turn) == ("rebuild", "recall_over_third", 2)
     assert d.served_ids == fresh.served_ids
@@ -782,23 +782,36 @@ def test_recall_brings_back_the_passage_the_evidence_signals_rank_best():
     assert recall_spans(view, dataclasses.replace(fresh, evidence_spans=()), 1000, 2.0) == ()
 
 
-def test_a_question_in_other_words_recalls_all_the_fresh_selection_kept():
+def test_a_question_in_other_words_recalls_the_best_kept_candidates_within_a_third():
     """ "Which partition moved elsewhere when its hold lapsed?" names nothing: its evidence
     (a log line) has a low lift and no signal ranks it best, but the fresh selection kept
-    it. Recall brings back everything the fresh selection kept outside the view, not only
-    the high-lift candidates; the candidates it did not keep stay out."""
+    it. Recall takes the fresh selection's kept candidates outside the view, best first by
+    selection score, while they fit a third of the fresh selection (one that does not fit
+    is skipped), so the view is continued instead of rebuilt."""
+    import dataclasses
+
     from pflash.views.decision import recall_spans
 
-    kept = (Span(0, 50), Span(300, 320), Span(600, 664), Span(700, 730))
-    lifts = ((Span(300, 320), 1.1), (Span(600, 664), 3.0), (Span(800, 830), 4.0))
-    view, fresh = _recall_case(kept, lifts, evidence_spans=(Span(600, 664),))
-    assert recall_spans(view, fresh, 1000, 2.0, asks=True) == (
-        Span(300, 320),
-        Span(600, 664),
-        Span(700, 730),
-    )
+    kept = (Span(0, 50), Span(300, 320), Span(600, 640), Span(700, 730), Span(800, 860))
+    lifts = ((Span(300, 320), 1.1), (Span(600, 640), 3.0), (Span(500, 530), 4.0))
+    ranked = (Span(0, 50), Span(700, 730), Span(600, 640), Span(300, 320), Span(800, 860))
+    view, fresh = _recall_case(kept, lifts, evidence_spans=(Span(600, 640),), ranked_spans=ranked)
+    # 200 kept tokens: at most 66 recalled; the view's own 50 are not counted
+    assert recall_spans(view, fresh, 1000, 2.0, asks=True) == (Span(300, 320), Span(700, 730))
+    # without a ranking (a result built before it): all kept outside the view
+    unranked = dataclasses.replace(fresh, ranked_spans=())
+    assert recall_spans(view, unranked, 1000, 2.0, asks=True) == kept[1:]
     # a turn that asks nothing recalls the high-lift candidates and the signals' best only
-    assert recall_spans(view, fresh, 1000, 2.0, asks=False) == (Span(600, 664), Span(800, 830))
+    assert recall_spans(view, fresh, 1000, 2.0, asks=False) == (Span(500, 530), Span(600, 640))
+
+
+def test_the_kept_candidates_are_ranked_by_their_mean_score():
+    from pflash.compress.selection import Candidates, ranked_candidates
+
+    cands = Candidates.of([(0, 4), (4, 6), (6, 10), (10, 12)], [0.0, 0.0, 0.0, 0.0])
+    scores = np.array([1, 1, 1, 1, 5, 5, 0, 0, 0, 8, 2, 2], dtype=np.float64)
+    # means: 1, 5, 2, 2; the last candidate is not kept; ties in position order
+    assert ranked_candidates(cands, [0, 1, 2], scores) == (Span(4, 6), Span(6, 10), Span(0, 4))
 
 
 @pytest.mark.parametrize(

@@ -291,3 +291,18 @@ def kept_spans(cands: Candidates, ordinals: Sequence[int]) -> tuple[Span, ...]:
     """The drafter-token runs a selection keeps, merged where candidates touch (§4.8)."""
     idx = _indices_of(cands, ordinals)
     return merge_runs(cands.begin[idx], cands.end[idx])
+
+
+def ranked_candidates(
+    cands: Candidates, ordinals: Sequence[int], token_scores: np.ndarray
+) -> tuple[Span, ...]:
+    """The kept candidates, best first by the mean of `token_scores` over each (ties in
+    position order). The mean, not the candidate's selection score: pinned and promoted
+    candidates are kept whatever their score, and recall (§6.2) ranks what the question
+    attends to by density."""
+    idx = _indices_of(cands, ordinals)
+    begin, end = cands.begin[idx], cands.end[idx]
+    sums = np.concatenate(([0.0], np.cumsum(np.asarray(token_scores, dtype=np.float64))))
+    means = (sums[end] - sums[begin]) / np.maximum(end - begin, 1)
+    order = np.lexsort((begin, -means))
+    return tuple(Span(int(begin[i]), int(end[i])) for i in order.tolist())
