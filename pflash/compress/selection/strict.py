@@ -18,6 +18,7 @@ import numpy as np
 from pflash.compress.selection.candidates import (
     Candidates,
     StopReason,
+    span_sums,
 )
 from pflash.spans import Span, canonicalize
 
@@ -302,7 +303,6 @@ def ranked_candidates(
     attends to by density."""
     idx = _indices_of(cands, ordinals)
     begin, end = cands.begin[idx], cands.end[idx]
-    sums = np.concatenate(([0.0], np.cumsum(np.asarray(token_scores, dtype=np.float64))))
-    means = (sums[end] - sums[begin]) / np.maximum(end - begin, 1)
+    means = span_sums(token_scores, begin, end) / np.maximum(end - begin, 1)
     order = np.lexsort((begin, -means))
     return tuple(Span(int(begin[i]), int(end[i])) for i in order.tolist())
