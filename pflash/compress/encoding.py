@@ -143,6 +143,12 @@ def find_controls(tokenizer: Tokenizer, text: str) -> Controls:
     return tuple(m.span() for m in pattern.finditer(text))
 
 
+def is_control_token(tokenizer: Tokenizer, text: str) -> bool:
+    """Whether `text` is one of this tokenizer's control tokens: encoding splits the text
+    there and encodes the pieces on either side on their own."""
+    return text in _vocab(tokenizer).tokens
+
+
 def has_control_text(tokenizer: Tokenizer, obj: Any) -> bool:
     """Whether any string in `obj` (nested lists and mappings, keys excluded) holds
     control-token text."""

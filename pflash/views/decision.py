@@ -43,6 +43,7 @@ from pflash.compress.pipeline import Compressed, Prepared
 from pflash.compress.query import Plan
 from pflash.config import PFlashConfig
 from pflash.spans import (
+    Cut,
     Span,
     Tokenizer,
     canonicalize,
@@ -437,8 +438,9 @@ def _best_within(fresh: Compressed, in_view: Sequence[Span]) -> tuple[Span, ...]
     cap = RECALL_SHARE * total_tokens(fresh.kept_spans)
     out: list[Span] = []
     used = 0
+    view = Cut(in_view)
     for span in fresh.ranked_spans:
-        parts = subtract([span], in_view)
+        parts = view.subtract([span])
         size = total_tokens(parts)
         if size and used + size <= cap:
             out += parts

@@ -188,8 +188,8 @@ def test_calibrated_head_weights_make_the_head_mean_a_weighted_mean():
     np.testing.assert_allclose(equal, mean_head_mass(probs).numpy(), atol=1e-7)
 
 
-def test_window_logits_kept_between_passes_give_the_same_mass_bit_for_bit(monkeypatch):
-    # a later turn's few rows over many key blocks: held logits vs computed twice
+def test_a_window_softmaxed_at_once_gives_the_mass_of_two_passes_over_key_blocks(monkeypatch):
+    # a later turn's few rows over many key blocks: all logits at once vs two streamed passes
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(12, 6, 16, generator=gen)  # [n, H, D]
     keys = torch.randn(5000, 2, 16, generator=gen)  # [S, Hk, D]
@@ -198,10 +198,28 @@ def test_window_logits_kept_between_passes_give_the_same_mass_bit_for_bit(monkey
     monkeypatch.setattr(attention, "KEY_BLOCK_ELEMENTS", 6 * 12 * 256)  # 20 key blocks
     held = attention.window_mass(q, keys, visible, 0.25)
     monkeypatch.setattr(attention, "HELD_LOGITS", 0)
-    computed_twice = attention.window_mass(q, keys, visible, 0.25)
-    assert torch.equal(held, computed_twice)
+    streamed = attention.window_mass(q, keys, visible, 0.25)
+    torch.testing.assert_close(held, streamed, rtol=1e-5, atol=1e-9)
     assert float(held[4000:4100].abs().sum()) == 0.0
     assert abs(float(held.sum()) - 1.0) < 1e-5
+
+
+def test_visible_runs_are_the_maximal_runs_of_the_key_mask():
+    visible = torch.tensor([1, 1, 0, 0, 1, 0, 1, 1, 1], dtype=torch.bool)
+    assert attention.visible_runs(visible) == [(0, 2), (4, 5), (6, 9)]
+    assert attention.visible_runs(torch.zeros(4, dtype=torch.bool)) == []
+    assert attention.visible_runs(torch.ones(3, dtype=torch.bool)) == [(0, 3)]
+
+
+def test_a_non_finite_key_fails_the_window_as_non_finite_scores(monkeypatch):
+    q = torch.ones(3, 2, 4)
+    keys = torch.ones(50, 1, 4)
+    keys[10, 0, 0] = float("nan")
+    visible = torch.ones(50, dtype=torch.bool)
+    for held in (1 << 24, 0):
+        monkeypatch.setattr(attention, "HELD_LOGITS", held)
+        with pytest.raises(attention.NonFiniteScores):
+            attention.window_mass(q, keys, visible, 0.5)
 
 
 @pytest.mark.parametrize("suffix", [False, True])

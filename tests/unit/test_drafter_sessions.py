@@ -17,6 +17,7 @@ from pflash.models.drafter.sessions import (
     RecurrentCheckpoint,
     SessionTable,
     common_prefix,
+    extend_rows,
     plan_resume,
 )
 from pflash.models.gguf_io import tiny_decoder
@@ -258,3 +259,44 @@ def test_a_resumed_tap_names_the_tap_whose_rows_it_reuses(scorer):
     np.testing.assert_array_equal(resumed.tap[:r], first.tap[:r])
     scratch = scorer(turn_two(None, want_tap=True))
     assert scratch.tap_id is None and scratch.tap_parent is None  # no session, no name
+
+
+def test_rows_appended_to_a_session_leave_what_earlier_results_hold_unchanged():
+    first = torch.arange(12.0).view(6, 2)
+    buffer, rows = extend_rows(None, 0, 0, [first[:4], first[4:]])
+    assert torch.equal(rows, first)
+    held = rows.clone()
+    buffer, grown = extend_rows(buffer, 6, 6, [torch.full((3, 2), 7.0)])  # full resume: room made
+    assert buffer.shape[0] > 9 and torch.equal(grown[:6], held) and torch.equal(rows, held)
+    buffer2, more = extend_rows(buffer, 9, 9, [torch.full((1, 2), 8.0)])  # written in place
+    assert buffer2 is buffer and more.data_ptr() == grown.data_ptr()
+    assert torch.equal(grown, torch.cat([held, torch.full((3, 2), 7.0)]))  # its rows untouched
+    assert torch.equal(more[9], torch.tensor([8.0, 8.0]))
+    # a resume before the end (a rewound turn) never writes over rows a result may hold
+    buffer3, cut = extend_rows(buffer2, 10, 5, [torch.zeros(2, 2)])
+    assert buffer3 is not buffer2 and torch.equal(more[:10], torch.cat([grown, more[9:10]]))
+    assert torch.equal(cut, torch.cat([held[:5], torch.zeros(2, 2)]))
+
+
+def test_a_conversation_resumed_turn_after_turn_scores_as_from_scratch(scorer):
+    """Keys and tap grow in place across turns; every turn equals the same prompt scored
+    without a session, and the first turn's result is unchanged by the later ones."""
+    scorer.sessions.drop("grow")
+    ids = tokens(200, 7)
+
+    def turn(end: int, key: str | None) -> ScoreRequest:
+        query = Span(end - 4, end)
+        windows = (QueryWindow(query, 1.0, "main"),)
+        return ScoreRequest(
+            ids=ids[:end], windows=windows, query=query, session_key=key, want_tap=True
+        )
+
+    first = scorer(turn(180, "grow"))
+    kept_mass, kept_tap = first.mass.copy(), first.tap.copy()
+    for end in (188, 194, 200):
+        resumed, scratch = scorer(turn(end, "grow")), scorer(turn(end, None))
+        assert resumed.scorer_resume > 0
+        np.testing.assert_allclose(resumed.mass, scratch.mass, atol=1e-6)
+        np.testing.assert_allclose(resumed.tap, scratch.tap, atol=1e-5)
+    np.testing.assert_array_equal(first.mass, kept_mass)
+    np.testing.assert_array_equal(first.tap, kept_tap)

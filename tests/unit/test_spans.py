@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from pflash.compress.encoding import encode_as_written_with_offsets
 from pflash.spans import (
     MAX_INSTRUCTION_SPANS,
+    Cut,
     Span,
     canonicalize,
     decode_ids,
@@ -59,6 +60,15 @@ def test_union_subtract_intersect_match_set_operations(a, b):
     ):
         assert_canonical(result)
         assert tokens_of(result) == expected
+
+
+@given(spans_strategy, spans_strategy)
+def test_one_cut_subtracted_from_each_span_in_turn_matches_set_difference(a, b):
+    cut = Cut(b)
+    for span in a:
+        part = cut.subtract([span])
+        assert_canonical(part)
+        assert tokens_of(part) == tokens_of([span]) - tokens_of(b)
 
 
 @given(spans_strategy)

@@ -20,7 +20,7 @@ from pflash.spans import Span
 log = logging.getLogger(__name__)
 
 KEY_BLOCK_ELEMENTS = 1 << 22  # logits per key block: heads x rows x keys (16 MB fp32)
-HELD_LOGITS = 1 << 24  # logits of a whole window kept between the two passes (64 MB fp32)
+HELD_LOGITS = 1 << 24  # a whole window's logits taken at once, one softmax (64 MB fp32)
 
 
 class NonFiniteScores(RuntimeError):
@@ -186,50 +186,70 @@ def mean_head_mass(probs: torch.Tensor, head_weights: torch.Tensor | None = None
     return torch.einsum("h,hk->k", head_weights, probs.sum(dim=1)) / probs.shape[1]
 
 
+def visible_runs(visible: torch.Tensor) -> list[tuple[int, int]]:
+    """The maximal runs [begin, end) of True in a key mask: keys before the query, maybe keys
+    after it, with a window's own tokens cut out, so one to three runs. Logits are taken over
+    slices of the keys, not over a gathered copy of every visible one."""
+    edges = torch.diff(
+        visible.to(torch.int8),
+        prepend=torch.zeros(1, dtype=torch.int8),
+        append=torch.zeros(1, dtype=torch.int8),
+    )
+    begins = (edges == 1).nonzero().squeeze(1).tolist()
+    ends = (edges == -1).nonzero().squeeze(1).tolist()
+    return list(zip(begins, ends, strict=True))
+
+
 def window_probs(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, scale: float):
-    """Softmax over the visible keys per (head, row) in fp32, one key block at a time.
+    """Softmax over the visible keys per (head, row) in fp32.
 
     q [n, H, D], keys [S, Hk, D], visible bool [S]. Head h reads key head h // (H/Hk).
-    Yields (idx [B] key positions, probs [H, n, B]). Two passes over key blocks: a running
-    log-sum-exp per (head, row), then the probabilities of each block, so memory is one
-    block of logits whatever S is. When the whole window's logits fit `HELD_LOGITS` (a
-    later turn's few rows), pass 1 keeps them for pass 2 instead of computing them again:
-    the same values, half the key gathers and products.
+    Yields (keys slice, probs [H, n, B]) over the visible keys in order. When the whole
+    window's logits fit `HELD_LOGITS` (a later turn's few rows over a long prompt), one
+    product and one fused softmax over all of them: computing them block by block in two
+    passes cost three times as much (two exp passes and a finiteness scan over ~9M logits
+    at 32K tokens). Otherwise two passes over key blocks, a running log-sum-exp per (head,
+    row) and then each block's probabilities, so memory is one block of logits whatever S
+    is. Non-finite logits give non-finite probabilities: the callers check their sums.
     """
     n, n_head, _ = q.shape
     n_kv = keys.shape[1]
     group = n_head // n_kv
-    index = visible.nonzero().squeeze(1)  # [K] visible key positions
-    if index.numel() == 0:
+    runs = visible_runs(visible)
+    if not runs:
         raise CompressionFailed("drafter", "query window out of range: no visible keys")
     qg = q.permute(1, 0, 2).reshape(n_kv, group * n, -1) * scale  # [Hk, group*n, D], head-major
+    kt = keys.permute(1, 2, 0)  # [Hk, D, S], a view
+
+    def logits(begin: int, end: int) -> torch.Tensor:
+        return torch.bmm(qg, kt[:, :, begin:end])  # [Hk, group*n, B]
+
+    if n_head * n * sum(e - b for b, e in runs) <= HELD_LOGITS:
+        z = (
+            torch.cat([logits(b, e) for b, e in runs], dim=-1)
+            if len(runs) > 1
+            else logits(*runs[0])
+        )
+        probs = torch.softmax(z, dim=-1).view(n_head, n, -1)
+        at = 0
+        for b, e in runs:
+            yield slice(b, e), probs[..., at : at + e - b]
+            at += e - b
+        return
     block = max(256, KEY_BLOCK_ELEMENTS // (n_head * n))
-    blocks = [index[i : i + block] for i in range(0, index.numel(), block)]
-
-    def logits(idx: torch.Tensor) -> torch.Tensor:
-        kb = keys[idx].permute(1, 2, 0)  # [Hk, D, B]
-        return torch.bmm(qg, kb)  # [Hk, group*n, B]
-
-    # a later turn's few question rows over a long prompt: its logits are small enough to
-    # keep from pass 1 for pass 2 (the same values, not computed and gathered twice)
-    held: list[torch.Tensor] | None = [] if n_head * n * index.numel() <= HELD_LOGITS else None
+    blocks = [(b0, min(b0 + block, e)) for b, e in runs for b0 in range(b, e, block)]
     # pass 1: log-sum-exp over visible keys per (head, row)
     m = torch.full((n_kv, group * n, 1), -torch.inf)
     s = torch.zeros((n_kv, group * n, 1))
-    for idx in blocks:
-        z = logits(idx)
-        if not torch.isfinite(z).all():
-            raise NonFiniteScores("non-finite attention logits in the head scorer")
+    for b, e in blocks:
+        z = logits(b, e)
         m_new = torch.maximum(m, z.amax(dim=-1, keepdim=True))
         s = s * torch.exp(m - m_new) + torch.exp(z - m_new).sum(dim=-1, keepdim=True)
         m = m_new
-        if held is not None:
-            held.append(z)
     lse = m + torch.log(s)
     # pass 2: probabilities
-    for b, idx in enumerate(blocks):
-        z = held[b] if held is not None else logits(idx)
-        yield idx, torch.exp(z - lse).view(n_head, n, -1)  # [H, n, B]
+    for b, e in blocks:
+        yield slice(b, e), torch.exp(logits(b, e) - lse).view(n_head, n, -1)  # [H, n, B]
 
 
 def window_mass(

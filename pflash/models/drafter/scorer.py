@@ -87,6 +87,7 @@ from pflash.models.drafter.sessions import (
     cache_is_croppable,
     cache_resume_floor,
     crop_cache,
+    extend_rows,
     plan_resume,
     restore_recurrent,
     snapshot_recurrent,
@@ -454,16 +455,25 @@ class DrafterScorer:
             self._rewind(session, plan, croppable)
 
         fwd = self._forward(ids, plan.resume, cache, windows=req.windows, want_tap=req.want_tap)
-        reused = [session.keys[: plan.resume]] if session else []
-        keys = torch.cat(reused + fwd.keys)  # [S, Hk, D]
-        tap = None
+        prefix = plan.resume if session is not None else 0
+        keys_buffer, keys = extend_rows(  # keys [S, Hk, D]
+            _buffer_of(session, "keys"), len(session.ids) if session else 0, prefix, fwd.keys
+        )
+        tap = tap_buffer = None
         if req.want_tap:
-            tap = torch.cat(([session.tap[: plan.resume]] if session else []) + fwd.tap)
+            held = session.tap if session is not None else None
+            tap_buffer, tap = extend_rows(
+                _buffer_of(session, "tap"),
+                int(held.shape[0]) if held is not None else 0,
+                prefix if held is not None else 0,
+                fwd.tap,
+            )
         rows = fwd.window_rows() | {span: session.rows[span] for span in plan.stored}
         mass, scored = self._head_mass(req, keys, rows, skipped=plan.skipped)
         tap_id = tap_parent = None
         if key is not None:
             new = self._next_session(session, plan, ids, cache, keys, tap, rows, fwd, req.windows)
+            new.keys_buffer, new.tap_buffer = keys_buffer, tap_buffer
             self.sessions.put(key, new)
             tap_id = new.tap_id
             tap_parent = session.tap_id if session is not None and plan.resume > 0 else None
@@ -722,3 +732,13 @@ def _validate(req: ScoreRequest) -> None:
             raise CompressionFailed(
                 "drafter", f"evidence passage out of range: {p.as_list()} over {s} tokens"
             )
+
+
+def _buffer_of(session: DrafterSession | None, name: str):
+    """The storage a session's `keys` or `tap` views (the tensor itself when it was built
+    without one), or None: what `extend_rows` appends to."""
+    if session is None:
+        return None
+    held = getattr(session, name)
+    buffer = getattr(session, f"{name}_buffer")
+    return buffer if buffer is not None else held
