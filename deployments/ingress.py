@@ -33,6 +33,7 @@ from deployments.metrics import ServeMetrics
 from deployments.session_store import STORE_NAME
 from pflash import api
 from pflash.admission import TokenBound, cap_output, check_prompt_bound, read_body
+from pflash.compress.encoding_memo import EncodingMemo
 from pflash.compress.pipeline import Compressed
 from pflash.compress.scoring import ScoreRequest
 from pflash.compressor import (
@@ -257,6 +258,8 @@ class Ingress:
             self.config.drafter_tokenizer or self.config.drafter
         )
         self.token_bound = TokenBound.of(self.target_tokenizer)  # None: no early prompt check
+        # each tenant's conversations re-send their earlier turns: their pieces encode once
+        self.encodings = EncodingMemo()
         self.target = target
         self._drafter, self._probe = drafter, probe
         self.metrics = ServeMetrics()
@@ -405,7 +408,14 @@ class Ingress:
             else:
                 exchange, req, config, params = self._admit(body, kind, edge)
             check_return_prompt(tenant, req.pflash_return_prompt)
-            prompt = await asyncio.to_thread(render_request, req, kind, self.target_tokenizer)
+            prompt = await asyncio.to_thread(
+                render_request,
+                req,
+                kind,
+                self.target_tokenizer,
+                memo=self.encodings,
+                scope=tenant.id,
+            )
             check_prompt_limit(prompt, config)
         except Exception as exc:  # validation and rendering errors: 4xx before any model runs
             self.metrics.record("pflash_errors", stage="request")

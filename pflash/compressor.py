@@ -499,8 +499,12 @@ class Compressor:
             return default
 
 
-def render_request(req: Any, kind: str, target_tokenizer: Any) -> RenderedPrompt:
-    """The prompt of a parsed API request (`pflash.api` chat or completion request)."""
+def render_request(
+    req: Any, kind: str, target_tokenizer: Any, *, memo: Any = None, scope: str = ""
+) -> RenderedPrompt:
+    """The prompt of a parsed API request (`pflash.api` chat or completion request).
+    `memo` (an `EncodingMemo`) and `scope` (the tenant): a chat's pieces that earlier turns
+    encoded are not encoded again."""
     if kind == "completion":
         return render_completion_prompt(target_tokenizer, req.prompt)
     return render_chat_prompt(
@@ -508,6 +512,8 @@ def render_request(req: Any, kind: str, target_tokenizer: Any) -> RenderedPrompt
         req.template_messages(),
         tools=req.template_tools(),
         template_kwargs=req.chat_template_kwargs,
+        memo=memo,
+        scope=scope,
     )
 
 

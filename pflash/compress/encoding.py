@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pflash.compress.encoding_memo import EncodingMemo, piecewise
 from pflash.errors import InvalidRequest
 from pflash.spans import TokenizedText, Tokenizer, decode_ids
 
@@ -246,18 +247,30 @@ def encode_as_written_with_offsets(tokenizer: Tokenizer, text: str) -> Tokenized
 
 
 def encode_with_offsets(
-    tokenizer: Tokenizer, text: str, controls: Sequence[tuple[int, int]]
+    tokenizer: Tokenizer,
+    text: str,
+    controls: Sequence[tuple[int, int]],
+    *,
+    memo: EncodingMemo | None = None,
+    scope: str = "",
 ) -> TokenizedText:
     """`text` encoded with character offsets, only `controls` as control tokens.
 
     A control range whose text is not a control token of this tokenizer (a target marker
     the drafter does not have) is plain text here, as it always was. The result carries
     `controls` (all of them, in the text's characters) for the stages that read turns.
+    With `memo` (and `scope`, the tenant), pieces between control tokens that an earlier
+    request encoded are not encoded again (`encoding_memo`; the same ids and offsets).
     """
     vocab = _vocab(tokenizer)
     controls = tuple(controls)
     own = [(b, e) for b, e in controls if text[b:e] in vocab.tokens]
     if own == list(find_controls(tokenizer, text)):
+        if memo is not None and own and piecewise(tokenizer, vocab.tokens):
+            ids, offsets = memo.encode(tokenizer, text, own, vocab.tokens, scope)
+            return TokenizedText(
+                text=text, ids=tuple(ids), offsets=tuple(offsets), controls=controls
+            )
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = [int(i) for i in enc["input_ids"]]
         offsets = [(int(b), int(e)) for b, e in enc["offset_mapping"]]

@@ -30,6 +30,7 @@ from pflash.compress.encoding import (
     mark_strings,
     unmark,
 )
+from pflash.compress.encoding_memo import EncodingMemo
 from pflash.errors import InvalidRequest
 from pflash.spans import TokenizedText, Tokenizer, decode_ids
 
@@ -73,17 +74,20 @@ def render_chat_prompt(
     *,
     tools: Sequence[Mapping] | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
+    memo: EncodingMemo | None = None,
+    scope: str = "",
 ) -> RenderedPrompt:
     """A chat rendered with the target's template (generation prompt added) and encoded
     with no special tokens added (the template writes them) and only the template's own
     markers as control tokens. The snapshot cut is where the rendering without the
-    generation prompt ends, when that is a token prefix."""
+    generation prompt ends, when that is a token prefix. `memo` and `scope` (the tenant):
+    the pieces of the conversation encoded by its earlier turns are not encoded again."""
     kwargs = dict(template_kwargs or {})
     thinking = kwargs.pop("enable_thinking", None)
     full = render_chat_controlled(
         tokenizer, messages, tools=tools, enable_thinking=thinking, template_kwargs=kwargs
     )
-    encoded = encode_with_offsets(tokenizer, full.text, full.controls)
+    encoded = encode_with_offsets(tokenizer, full.text, full.controls, memo=memo, scope=scope)
     ids = encoded.ids
     head = render_chat_controlled(
         tokenizer,
