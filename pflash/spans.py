@@ -63,13 +63,13 @@ def union(*groups: Iterable[Span]) -> tuple[Span, ...]:
 def subtract(spans: Iterable[Span], minus: Iterable[Span]) -> tuple[Span, ...]:
     """Tokens of `spans` that are in no span of `minus`, canonical. One merge of the two
     sorted lists (linear), so a long view minus many spans stays cheap."""
-    return Cut(minus).subtract(spans)
+    return SpanIndex(minus).subtract(spans)
 
 
-class Cut:
-    """Spans to subtract, canonical once and searched by bisection: subtracting them from
-    many single spans (recall's ranked candidates against a view) costs O(log M + parts)
-    each, not a pass over all of them."""
+class SpanIndex:
+    """Spans made canonical once and searched by bisection: subtracting them from many single
+    spans (recall's ranked candidates against a view), or asking which of many units they
+    cover, costs O(log M) each, not a pass over all of them."""
 
     def __init__(self, minus: Iterable[Span]):
         self.spans = canonicalize(minus)
@@ -91,6 +91,14 @@ class Cut:
             if begin < s.end:
                 out.append(Span(begin, s.end))
         return tuple(out)
+
+    def covers(self, span: Span) -> bool:
+        """Whether one of the spans holds all of `span` (begin <= end; an empty span at a
+        span's end counts as held, as `k.begin <= begin and end <= k.end` says)."""
+        i = bisect.bisect_right(self._ends, span.begin)
+        if i < len(self.spans) and self.spans[i].begin <= span.begin:
+            return span.end <= self.spans[i].end
+        return span.empty and i > 0 and self.spans[i - 1].end == span.begin
 
 
 def intersect(a: Iterable[Span], b: Iterable[Span]) -> tuple[Span, ...]:

@@ -57,7 +57,7 @@ from pflash.compress.selection import (
 )
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed
-from pflash.spans import Span, decode_ids
+from pflash.spans import Span, SpanIndex, decode_ids
 from pflash.trace import SelectionTrace, TraceWriter
 
 
@@ -423,12 +423,8 @@ def finish(
     if evidence is not None:
         stats["lexical_units"] = len(evidence.units)
         stats["lexical_kept"] = chosen.lexical_kept
-        kept = chosen.assembly.kept_spans
-        units = [
-            u
-            for u in evidence.units
-            if any(k.begin <= u.span.begin and u.span.end <= k.end for k in kept)
-        ]
+        kept = SpanIndex(chosen.assembly.kept_spans)
+        units = [u for u in evidence.units if kept.covers(u.span)]
         lexical_spans = tuple(u.span for u in units)
         named_spans = tuple(u.span for u in units if u.named)
     if trace is not None:

@@ -43,8 +43,8 @@ from pflash.compress.pipeline import Compressed, Prepared
 from pflash.compress.query import Plan
 from pflash.config import PFlashConfig
 from pflash.spans import (
-    Cut,
     Span,
+    SpanIndex,
     Tokenizer,
     canonicalize,
     decode_ids,
@@ -438,7 +438,7 @@ def _best_within(fresh: Compressed, in_view: Sequence[Span]) -> tuple[Span, ...]
     cap = RECALL_SHARE * total_tokens(fresh.kept_spans)
     out: list[Span] = []
     used = 0
-    view = Cut(in_view)
+    view = SpanIndex(in_view)
     for span in fresh.ranked_spans:
         parts = view.subtract([span])
         size = total_tokens(parts)

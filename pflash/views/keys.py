@@ -95,13 +95,16 @@ def target_turn_boundaries(
     target's own encoding of the same text. A boundary that falls inside a target token, or
     a prompt whose text does not re-encode to `raw_ids` (e.g. a BOS the template did not
     write), yields no key: a missed lookup costs a fresh compression, never a wrong view.
-    When the drafter's tokenizer is the target's (the same object), the plan's encoding is
-    that encoding already and is not made again.
+    When the drafter's tokenizer is the target's (the same object, or the same serialised
+    tokenizer, as a Qwen3-0.6B drafter has for a Qwen3 target), the plan's encoding is that
+    encoding already and is not made again.
     """
     layout = plan.layout
     if layout is None:
         return ()
-    if drafter_tokenizer is not None and drafter_tokenizer is target_tokenizer:
+    if drafter_tokenizer is not None and encoding.same_tokenizer(
+        drafter_tokenizer, target_tokenizer
+    ):
         target = plan.drafter
     else:
         target = encoding.encode_with_offsets(

@@ -94,7 +94,9 @@ def test_planning_renders_the_chat_one_time_less_and_encodes_it_not_at_all(smoll
     wrapped rendering, one without the first message), and no encode of the whole prompt."""
     tok = _Counting(smollm2_tokenizer)
     prompt = render_chat_prompt(tok, _messages())
-    assert tok.calls == {"render": 2, "encode": 2}  # with and without the generation prompt
+    # rendered with and without the generation prompt; encoded whole, and the last piece of
+    # the rendering without it (to show the snapshot cut, `prefix_cut`)
+    assert tok.calls == {"render": 2, "encode": 2}
     tok.calls.clear()
     _prepare(tok, tok, _input(prompt))
     reused = dict(tok.calls)
@@ -126,6 +128,28 @@ def test_two_loads_of_one_tokenizer_are_the_same_tokenizer(
     other = again if same else bpe_tokenizer
     assert same_tokenizer(smollm2_tokenizer, other) is same
     assert same_tokenizer(smollm2_tokenizer, smollm2_tokenizer)
+
+
+def test_view_keys_read_the_plan_encoding_when_the_drafter_loads_the_targets_tokenizer_again(
+    smollm2_tokenizer, tmp_path, monkeypatch
+):
+    from transformers import AutoTokenizer
+
+    from pflash.compress import encoding
+    from pflash.views.keys import view_keys
+
+    smollm2_tokenizer.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    prompt = render_chat_prompt(smollm2_tokenizer, _messages())
+    prepared = _prepare(smollm2_tokenizer, again, _input(prompt))
+    want = view_keys(prepared, smollm2_tokenizer, smollm2_tokenizer)
+    assert len(want) >= 3
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("the prompt was encoded again for its view keys")
+
+    monkeypatch.setattr(encoding, "encode_with_offsets", no_encoding)
+    assert view_keys(prepared, smollm2_tokenizer, again) == want
 
 
 def _encoded_head_cut(tokenizer, messages, tools=None):

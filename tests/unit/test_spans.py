@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from pflash.compress.encoding import encode_as_written_with_offsets
 from pflash.spans import (
     MAX_INSTRUCTION_SPANS,
-    Cut,
     Span,
+    SpanIndex,
     canonicalize,
     decode_ids,
     intersect,
@@ -64,11 +64,19 @@ def test_union_subtract_intersect_match_set_operations(a, b):
 
 @given(spans_strategy, spans_strategy)
 def test_one_cut_subtracted_from_each_span_in_turn_matches_set_difference(a, b):
-    cut = Cut(b)
+    cut = SpanIndex(b)
     for span in a:
         part = cut.subtract([span])
         assert_canonical(part)
         assert tokens_of(part) == tokens_of([span]) - tokens_of(b)
+
+
+@given(spans_strategy, spans_strategy)
+def test_a_span_index_covers_a_span_when_one_of_its_canonical_spans_holds_all_of_it(a, b):
+    index = SpanIndex(b)
+    for span in (s for s in a if s.begin <= s.end):  # units: never inverted
+        want = any(k.begin <= span.begin and span.end <= k.end for k in canonicalize(b))
+        assert index.covers(span) == want, (span, index.spans)
 
 
 @given(spans_strategy)
