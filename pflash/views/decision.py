@@ -485,7 +485,7 @@ def _prompt_facts(
     None when the target-encoded generation prompt is not a suffix of the raw prompt (§6.1
     precondition)."""
     plan = prepared.plan
-    raw = tuple(int(i) for i in prepared.input.prompt.ids)
+    raw = tuple(map(int, prepared.input.prompt.ids))
     layout = plan.layout
     if layout.generation_turn_index is None:
         return None
@@ -568,7 +568,7 @@ def _fresh_view(
     "off" with no view: a view must be a compressed prompt with a known snapshot cut."""
     if fresh is None:
         return ViewDecision("compress_first", "off", reason)
-    served = tuple(int(i) for i in fresh.served_ids)
+    served = tuple(map(int, fresh.served_ids))
     if not fresh.compressed:
         return _without_view(fresh, "gate_declined")
     if not _ends_with(served, prompt.gen_ids):

@@ -112,7 +112,7 @@ def target_turn_boundaries(
             plan.drafter.text,
             encoding.prompt_controls(target_tokenizer, plan.drafter),
         )
-    if target.ids != tuple(int(i) for i in raw_ids):
+    if target.ids != tuple(map(int, raw_ids)):
         return ()
     out = []
     for turn in layout.turns:
