@@ -61,8 +61,8 @@ def union(*groups: Iterable[Span]) -> tuple[Span, ...]:
 
 
 def subtract(spans: Iterable[Span], minus: Iterable[Span]) -> tuple[Span, ...]:
-    """Tokens of `spans` that are in no span of `minus`, canonical. One merge of the two
-    sorted lists (linear), so a long view minus many spans stays cheap."""
+    """Tokens of `spans` that are in no span of `minus`, canonical. Each span finds the
+    first span of `minus` it meets by bisection, so a long view minus many spans stays cheap."""
     return SpanIndex(minus).subtract(spans)
 
 
@@ -71,8 +71,8 @@ class SpanIndex:
     spans (recall's ranked candidates against a view), or asking which of many units they
     cover, costs O(log M) each, not a pass over all of them."""
 
-    def __init__(self, minus: Iterable[Span]):
-        self.spans = canonicalize(minus)
+    def __init__(self, spans: Iterable[Span]):
+        self.spans = canonicalize(spans)
         self._ends = [m.end for m in self.spans]
 
     def subtract(self, spans: Iterable[Span]) -> tuple[Span, ...]:

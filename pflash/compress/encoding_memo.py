@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-MAX_CHARS = 8_000_000  # characters of pieces held (~2M tokens; ids and offsets as int32)
+MAX_CHARS = 8_000_000  # characters of pieces held (~2M tokens, ~24 MB of int32 ids and offsets)
 MIN_CHARS = 256  # shorter pieces cost less to encode than to look up and keep
 
 
@@ -86,7 +86,7 @@ class EncodingMemo:
             for i, ids, offsets in zip(
                 misses, batch["input_ids"], batch["offset_mapping"], strict=True
             ):
-                encoded = (np.asarray(ids, dtype=np.int64), _monotone_array(offsets))
+                encoded = (np.asarray(ids, dtype=np.int32), _monotone_array(offsets))
                 found[i] = encoded
                 fresh[i] = encoded
             with self._lock:
@@ -129,7 +129,7 @@ class EncodingMemo:
 def _monotone_array(offsets) -> np.ndarray:
     """A piece's offsets [n, 2], made monotone as `encoding._monotone` makes them: a
     piece's first token starts at or after the piece, so this equals the whole text's."""
-    arr = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    arr = np.asarray(offsets, dtype=np.int32).reshape(-1, 2)
     if len(arr):
         arr[:, 0] = np.maximum.accumulate(np.maximum(arr[:, 0], 0))
         arr[:, 1] = np.maximum(arr[:, 1], arr[:, 0])

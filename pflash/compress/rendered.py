@@ -169,11 +169,12 @@ def prefix_cut(tokenizer, encoded: TokenizedText, head: ControlledText) -> int |
     """The length of `head`'s encoding when it is the first tokens of `encoded` (the chat with
     its generation prompt), shown without encoding all of `head` again; None when not shown.
 
-    Encoding splits text at control tokens and encodes the pieces between them on their own
-    (`encoding.encode_with_offsets`), so when `head`'s text is a prefix of the full text with
-    the same control ranges and a control token of the full encoding starts where it ends,
-    every piece of `head` is encoded as in the full text except its last one, which there
-    meets a control token and here the end of the text. That last piece (from `head`'s last
+    Encoding splits text at control tokens and encodes the pieces between them (with what
+    a control token may take of its neighbours) on their own (`encoding.encode_with_offsets`),
+    so when `head`'s text is a prefix of the full text with the same control ranges and a
+    control token of the full encoding starts where it ends, every piece of `head` sits
+    between the same control tokens in both texts except its last one, which there meets a
+    control token and here the end of the text. That last piece (from `head`'s last
     control token on) is encoded again and compared. Re-encoding the whole conversation for
     this cut was the second of two full tokenizations per request (~90 ms at 32K tokens).
     """

@@ -83,6 +83,8 @@ def extend_rows(buffer, length: int, prefix: int, parts: list):
 
     new = sum(int(p.shape[0]) for p in parts)
     need = prefix + new
+    if buffer is None and prefix > 0:
+        raise ValueError("rows to keep from a buffer that is not there")
     if buffer is None or prefix == 0:
         out = torch.cat(parts)
         return out, out
