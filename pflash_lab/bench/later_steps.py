@@ -1,0 +1,215 @@
+"""Later steps: what a question step and a tool step cost as a conversation grows.
+
+Run: `python -m pflash_lab.bench.later_steps [--lengths 8000 32000 65000] [--threads 1]`.
+One conversation per length, in process, through the server's own `Compressor` with
+serve_config.yaml's args (`mode: always`), a view store, drafter sessions, and the ingress's
+`EncodingMemo` for the render: a stdlib code document of N tokens with a planted line and
+"Summarize", then one step adding a 2K-token test log and seven ~25-token questions. Per
+length it prints the medians over the question steps of the render (the ingress's template
+and encoding, paid with or without PFlash) and of the compression path (`Compressor.run_sync`:
+planning, the view decision, the drafter's forward and mass, selection, assembly), and the
+same for the tool step; `--json FILE` writes every step. The issue's bound: a step at 64K
+within 1.5x of the same step at 8K.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sysconfig
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+FACT = "# NOTE: the spare key is kept under the blue flowerpot by the back door.\n"
+QUESTIONS = (
+    "Where is the spare key kept?",
+    "Which worker handled the batch that took the longest?",
+    "Tell me what the code does with temporary files.",
+    "Where is the spare key kept again?",
+    "Which function parses the command line?",
+    "What does the log say about worker-3?",
+    "How are errors reported in this code?",
+)
+ANSWER = "It is a set of Python modules."
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of one conversation: what it added and where its time went (ms)."""
+
+    length: int
+    step: int
+    kind: str  # "first", "tool" or "question"
+    prompt_tokens: int
+    drafter_new_tokens: int
+    render_ms: float
+    path_ms: float
+    compress_ms: float
+    plan_ms: float
+    select_ms: float
+    scorer_forward_ms: float
+
+
+def log_lines(lines: int = 60) -> str:
+    return "\n".join(
+        f"2026-12-05 10:{i // 60:02d}:{i % 60:02d} INFO worker-{i % 7} processed batch {i * 37}"
+        f" in {i % 13 + 2} ms"
+        for i in range(lines)
+    )
+
+
+def document(tokenizer, length: int) -> str:
+    """`length` tokens of stdlib source with FACT planted at a line break in the middle."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py") if p.stat().st_size > 4000)
+    text, parts = "", []
+    for p in files:
+        parts.append(p.read_text(encoding="utf-8", errors="replace"))
+        if len(parts) % 10 == 0 and len(tokenizer("\n\n".join(parts))["input_ids"]) > length:
+            break
+    text = "\n\n".join(parts)
+    doc = tokenizer.decode(tokenizer(text)["input_ids"][:length])
+    cut = doc.rfind("\n", 0, len(doc) // 2) + 1
+    return doc[:cut] + FACT + doc[cut:]
+
+
+def conversation(doc: str) -> list[list[dict]]:
+    """The chats of each step, one conversation growing: document, tool output, questions."""
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": doc + "\n\nSummarize what this code does."},
+    ]
+    chats = [messages]
+    for turn in ("Here is the test log:\n" + log_lines(), *QUESTIONS):
+        messages = [
+            *messages,
+            {"role": "assistant", "content": ANSWER},
+            {"role": "user", "content": turn},
+        ]
+        chats.append(messages)
+    return chats
+
+
+def run_length(length: int, parts: dict) -> list[Step]:
+    """Every step of one conversation of `length` document tokens."""
+    from pflash import api
+    from pflash.compress.encoding_memo import EncodingMemo
+    from pflash.compressor import (
+        Compressor,
+        LocalProbe,
+        LocalStore,
+        compression_request,
+        local_scorer,
+        render_request,
+    )
+    from pflash.views.adaptive import AdaptiveKeep
+    from pflash.views.store import ViewStore
+
+    config, tokenizer = parts["config"], parts["tokenizer"]
+    probe = parts["probe"]
+    flow = Compressor(
+        target_tokenizer=tokenizer,
+        drafter_tokenizer=tokenizer,
+        scorer=local_scorer(parts["scorer"]),
+        probe=LocalProbe(probe) if probe is not None else None,
+        store=LocalStore(ViewStore.from_config(config), AdaptiveKeep.from_config(config)),
+        max_context=1 << 20,  # a speed measurement: the served view is never cut to a context
+    )
+    memo = EncodingMemo()  # the ingress's, one per replica
+    out = []
+    for i, messages in enumerate(conversation(document(tokenizer, length))):
+        req = api.parse_chat_request(
+            {"messages": messages, "max_tokens": 32, "session_id": f"later-{length}"}
+        )
+        t0 = time.perf_counter()
+        prompt = render_request(req, "chat", tokenizer, memo=memo, scope="tenant-a")
+        t1 = time.perf_counter()
+        served = flow.run_sync(compression_request(req, prompt, config, "tenant-a"))
+        t2 = time.perf_counter()
+        stats = served.compressed.stats
+        out.append(
+            Step(
+                length=length,
+                step=i,
+                kind="first" if i == 0 else "tool" if i == 1 else "question",
+                prompt_tokens=len(prompt.ids),
+                drafter_new_tokens=int(stats.get("scorer_new_tokens", 0)),
+                render_ms=(t1 - t0) * 1e3,
+                path_ms=(t2 - t1) * 1e3,
+                compress_ms=float(stats.get("compress_ms", 0.0)),
+                plan_ms=float(stats.get("plan_ms", 0.0)),
+                select_ms=float(stats.get("select_ms", 0.0)),
+                scorer_forward_ms=float(stats.get("scorer_forward_ms", 0.0)),
+            )
+        )
+    return out
+
+
+def load_parts() -> dict:
+    """serve_config.yaml's args with `mode: always`, the embedded drafter as the scorer."""
+    from pflash.cli.compress import load_drafter
+    from pflash.config import build_config
+    from pflash.models.drafter.scorer import DrafterScorer
+    from pflash.models.probe import probe_for
+    from pflash.models.source import load_tokenizer
+
+    args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
+    config = build_config({**args, "mode": "always"}, env={})
+    scorer = DrafterScorer(config, load_drafter(config.drafter))
+    return {
+        "config": config,
+        "tokenizer": load_tokenizer(config.target),
+        "scorer": scorer,
+        "probe": probe_for(config, scorer),
+    }
+
+
+def table(steps: list[Step]) -> str:
+    """Medians per length: question steps and the tool step, render and compression path."""
+    lines = [
+        "| conversation | question steps | render | compression path | of it: plan / select "
+        "| tool step: new tokens, render + path |",
+        "|---|---|---|---|---|---|",
+    ]
+    for length in sorted({s.length for s in steps}):
+        q = [s for s in steps if s.length == length and s.kind == "question"]
+        tool = [s for s in steps if s.length == length and s.kind == "tool"]
+
+        def med(field: str, rows: list[Step] = q) -> float:
+            return statistics.median(getattr(s, field) for s in rows)
+
+        tool_cell = (
+            f"{tool[0].drafter_new_tokens}, {tool[0].render_ms:.0f} + {tool[0].path_ms:.0f} ms"
+            if tool
+            else "-"
+        )
+        lines.append(
+            f"| {length:,} | {len(q)} | {med('render_ms'):.0f} ms | {med('path_ms'):.0f} ms"
+            f" | {med('plan_ms'):.0f} / {med('select_ms'):.0f} ms | {tool_cell} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[8000, 32000, 65000])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (a replica's)")
+    parser.add_argument("--json", type=Path, help="write every step here")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    parts = load_parts()
+    steps = [s for n in args.lengths for s in run_length(n, parts)]
+    if args.json:
+        args.json.write_text(json.dumps([asdict(s) for s in steps], indent=1))
+    print(table(steps))
+
+
+if __name__ == "__main__":
+    main()
