@@ -6,6 +6,8 @@ import pytest
 
 from pflash_lab.bench import later_steps
 
+pytestmark = pytest.mark.model
+
 
 @pytest.fixture(scope="module")
 def steps():
