@@ -18,6 +18,7 @@ keeps the encodings of long pieces and encodes only the rest, in one batch.
 
 from __future__ import annotations
 
+import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -164,17 +165,10 @@ def _check_piecewise(tokenizer, control_ids: Mapping[str, int]) -> bool:
         f"  leading space{a}{b}trailing  \n\n",
         f"{a}na\u00efve caf\u00e9 \u2014 \u6570\u5b57 \U0001f600 x{b} {a}\tend",
     ]
+    marker = re.compile("|".join(re.escape(n) for n in sorted({a, b}, key=len, reverse=True)))
     probe_memo = EncodingMemo(min_chars=0)
     for probe in probes:
-        controls = []
-        at = 0
-        while True:
-            hits = [(probe.find(n, at), n) for n in (a, b) if probe.find(n, at) >= 0]
-            if not hits:
-                break
-            pos, name = min(hits)
-            controls.append((pos, pos + len(name)))
-            at = pos + len(name)
+        controls = [m.span() for m in marker.finditer(probe)]
         whole = tokenizer(probe, add_special_tokens=False, return_offsets_mapping=True)
         want_ids = [int(i) for i in whole["input_ids"]]
         want_offsets = _monotone_array(whole["offset_mapping"])

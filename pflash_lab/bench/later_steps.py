@@ -67,10 +67,10 @@ def document(tokenizer, length: int) -> str:
     """`length` tokens of stdlib source with FACT planted at a line break in the middle."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.glob("*.py") if p.stat().st_size > 4000)
-    text, parts = "", []
-    for p in files:
+    parts: list[str] = []
+    for p in files:  # source runs ~3.5 characters a token here: 6 a token is enough text
         parts.append(p.read_text(encoding="utf-8", errors="replace"))
-        if len(parts) % 10 == 0 and len(tokenizer("\n\n".join(parts))["input_ids"]) > length:
+        if sum(map(len, parts)) > 6 * length:
             break
     text = "\n\n".join(parts)
     doc = tokenizer.decode(tokenizer(text)["input_ids"][:length])
