@@ -67,6 +67,7 @@ from pflash.compress.rendered import (
 )
 from pflash.compress.scoring import ScoreRequest, ScoreResult, is_skipped_read_ahead
 from pflash.compress.segments import ProbeParams
+from pflash.compress.unit_memo import UnitMemo
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, InvalidRequest, StageUnavailable, runtime_failure
 from pflash.views.decision import View, decide_view, served_result
@@ -185,6 +186,7 @@ class Compressor:
         record: Callable[..., None] = _no_metrics,
         trace: Any = None,
         offload: Callable[..., Awaitable[Any]] = inline,
+        reuse_units: bool = True,
     ):
         self.target_tokenizer = target_tokenizer
         self.drafter_tokenizer = drafter_tokenizer
@@ -197,6 +199,9 @@ class Compressor:
         self.offload = offload
         self._probe_params = Once(probe.params) if probe is not None else None
         self._reading: dict[str, asyncio.Task] = {}  # read-aheads in flight, by conversation
+        # each conversation's lexical units, for its next turn (off: every turn cuts its
+        # whole text again, the baseline that reuse must equal)
+        self.units = UnitMemo() if reuse_units else None
 
     async def max_context(self) -> int | None:
         """The target's context in tokens; a failed or timed-out fetch is the target's
@@ -363,6 +368,7 @@ class Compressor:
                 boundary=boundary,
                 subunit=subunit,
                 probe_params=probe_params,
+                units=self.units,
                 **self._kw(config),
             )
         except Exception as exc:

@@ -50,7 +50,8 @@ class PFlashStats(BaseModel):
     over-long prompt into the context), null when the prompt was served as sent; `segments` candidate segments; `scorer_resume` the token
     position the drafter session resumed from; `lexical_units` / `lexical_kept` the text
     units sharing rare words with the question and how many of them were kept first
-    (`select_lexical`); `semantic_passages` / `semantic_ms` the passages the sentence
+    (`select_lexical`), `lexical_units_reused` how many of the context's units came from the
+    conversation's earlier turn instead of being cut and read again; `semantic_passages` / `semantic_ms` the passages the sentence
     embedder scored and that pass's time, part of `scorer_forward_ms`
     (`select_semantic_weight`), `semantic_reused` how many of its texts
     (passages and question parts) came from the conversation's earlier turns instead of
@@ -86,6 +87,7 @@ class PFlashStats(BaseModel):
     scorer_forward_ms: float = 0.0
     lexical_units: int = 0
     lexical_kept: int = 0
+    lexical_units_reused: int = 0
     semantic_passages: int = 0
     semantic_ms: float = 0.0
     semantic_reused: int = 0

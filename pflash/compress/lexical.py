@@ -228,6 +228,73 @@ def cut_long(
     return [p for b, e in sentences for p in _pieces(text, b, e, max_chars)]
 
 
+def _unit_words(text: str, begin: int, end: int) -> list[tuple[str, bool]]:
+    return [_classify(w) for w in _WORD.findall(text, begin, end)]
+
+
+@dataclass(frozen=True)
+class UnitPrefix:
+    """`split_units(text, 0, len(self.text))` of one prompt, with each unit's words (none
+    excluded), their sets and the counts over them, kept for the conversation's next turn.
+
+    Why: every turn of a conversation anchors its question against the whole context, and
+    cutting and reading the units of 64K tokens took ~75 ms of each later question step,
+    ahead of the answer, for text that had not changed since the turn before. Units are
+    local to a line, so the units of an unchanged prefix are the same up to the start of
+    its last line (which may go on now); `units_before` cuts only the rest. Frozen, and the
+    sets are frozensets: a prefix is shared by the turns that extend it."""
+
+    text: str
+    units: tuple[tuple[int, int], ...]
+    words: tuple[tuple[tuple[str, bool], ...], ...]
+    sets: tuple[frozenset[str], ...]
+    non_empty: int
+    unit_df: Counter = dataclasses.field(repr=False)
+    occurrences: Counter = dataclasses.field(repr=False)
+    # units taken from the earlier turn's prefix (stats: lexical_units_reused)
+    reused: int = dataclasses.field(default=0, compare=False)
+
+    def counts(self) -> tuple[int, Counter, Counter]:
+        """Copies of the counts, for a caller to mend."""
+        return self.non_empty, self.unit_df.copy(), self.occurrences.copy()
+
+
+def units_before(text: str, end: int, previous: UnitPrefix | None = None) -> UnitPrefix:
+    """The `UnitPrefix` of `text[:end]`, reusing `previous` where `text` still starts with
+    its text: the same units as `split_units(text, 0, end)` either way (a unit test)."""
+    keep = 0
+    if previous is not None and len(previous.text) <= end and text.startswith(previous.text):
+        resume = previous.text.rfind("\n") + 1  # its last line may go on in `text`
+        keep = bisect.bisect_left(previous.units, (resume, -1))
+    else:
+        previous, resume = None, 0
+    fresh = split_units(text, resume, end)
+    words = [_unit_words(text, b, e) for b, e in fresh]
+    sets = [frozenset(n for n, _ in ws) for ws in words]
+    if previous is None:
+        non_empty, unit_df, occurrences = 0, Counter(), Counter()
+    else:
+        non_empty, unit_df, occurrences = previous.counts()
+        for u in range(keep, len(previous.units)):  # the units of its last line go
+            non_empty -= bool(previous.sets[u])
+            unit_df.subtract(previous.sets[u])
+            occurrences.subtract(n for n, _ in previous.words[u])
+    for ws, st in zip(words, sets, strict=True):
+        non_empty += bool(st)
+        unit_df.update(st)
+        occurrences.update(n for n, _ in ws)
+    return UnitPrefix(
+        text=text[:end],
+        units=(*(previous.units[:keep] if previous else ()), *fresh),
+        words=(*(previous.words[:keep] if previous else ()), *map(tuple, words)),
+        sets=(*(previous.sets[:keep] if previous else ()), *sets),
+        non_empty=non_empty,
+        unit_df=unit_df,
+        occurrences=occurrences,
+        reused=keep,
+    )
+
+
 def _pieces(text: str, begin: int, end: int, max_chars: int | None) -> Iterable[tuple[int, int]]:
     while begin < end and text[begin].isspace():
         begin += 1
@@ -320,6 +387,7 @@ class LexicalEvidence:
     units: tuple[AnchoredUnit, ...]
     query_pool: tuple[Span, ...]
     question: tuple[Span, ...] = ()
+    prefix: UnitPrefix | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def cut_points(self) -> tuple[int, ...]:
         """Drafter-token positions where candidates are cut, so each unit is its own."""
@@ -343,12 +411,16 @@ def find_lexical_evidence(
     pinned: Sequence[Span],
     params: LexicalParams,
     pflash_query: str | None = None,
+    previous: UnitPrefix | None = None,
 ) -> LexicalEvidence:
     """Anchored units of one prompt (see the module docstring for the rules).
 
     `plan`: the prompt's plan (drafter tokens, latest user content, question span);
     `pinned`: drafter-token spans kept anyway (their words are neither query nor context);
-    `pflash_query`: the explicit query text, if the client sent one.
+    `pflash_query`: the explicit query text, if the client sent one;
+    `previous`: the `UnitPrefix` an earlier turn of this conversation returned (in
+    `LexicalEvidence.prefix`): its units are reused where this text still starts with its
+    text, and the result is the same as without it.
     """
     drafter = plan.drafter
     text = drafter.text
@@ -356,7 +428,8 @@ def find_lexical_evidence(
     # no unit straddles the content's edges (a chat marker shares the question's line)
     cb, ce = content
     sentences = split_units(text, cb, ce, max_chars=None)
-    units = [*split_units(text, 0, cb), *cut_long(text, sentences), *split_units(text, ce)]
+    prefix = units_before(text, cb, previous)
+    units = [*prefix.units, *cut_long(text, sentences), *split_units(text, ce)]
     asked = (
         _question_sentences(drafter, sentences, content, params.query_tokens)
         if params.query == "question"
@@ -372,15 +445,15 @@ def find_lexical_evidence(
     pool_seqs = [seq for seq in pool_seqs if seq]
     query_words = {w.norm for seq in pool_seqs for w in seq if not w.stop}
     if not query_words:
-        return LexicalEvidence((), pool_spans, question)
+        return LexicalEvidence((), pool_spans, question, prefix)
     grams = _pool_ngrams(pool_seqs)
     keys = key_words(text, pool_ranges)
     if pflash_query:
         keys |= key_words(pflash_query, [(0, len(pflash_query))])
 
     excluded = _merge_ranges([*pool_ranges, *(drafter.char_span(s) for s in pinned)])
-    context = _context_words(text, units, excluded)
-    ctx = _Context(units, context, drafter)
+    context = _context_words(text, units, excluded, known=prefix.words)
+    ctx = _Context(units, context, drafter, prefix)
 
     scores, strong, named = _anchor_scores(
         ctx, query_words & keys, grams, query_words, params.rare_max_freq
@@ -400,7 +473,7 @@ def find_lexical_evidence(
     out.extend(_headers(text, units, found, named, excluded, drafter))
     out = _best_per_span(out)
     out.sort(key=lambda a: (-a.score, a.span.begin, a.span.end))
-    return LexicalEvidence(tuple(out), pool_spans, question)
+    return LexicalEvidence(tuple(out), pool_spans, question, prefix)
 
 
 # ----------------------------------------------------------------------------- query pool
@@ -538,19 +611,25 @@ def _merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def _context_words(
-    text: str, units: Sequence[tuple[int, int]], excluded: Sequence[tuple[int, int]]
-) -> list[list[tuple[str, bool]]]:
+    text: str,
+    units: Sequence[tuple[int, int]],
+    excluded: Sequence[tuple[int, int]],
+    *,
+    known: Sequence[Sequence[tuple[str, bool]]] = (),
+) -> list[Sequence[tuple[str, bool]]]:
     """Per unit, (normalized form, is a stopword) of each of its words outside every
     excluded range. `units` and `excluded` are sorted and disjoint, so one cursor walks the
     excluded ranges; a unit clear of them is read with one `findall`, and the pairs come
-    from the `_classify` cache (nothing allocated per word)."""
-    out: list[list[tuple[str, bool]]] = []
+    from the `_classify` cache (nothing allocated per word). `known[i]`: unit i's words,
+    none excluded (`UnitPrefix.words`), returned as they are for a unit clear of every
+    excluded range (the same object: `_Context` tells reused units by identity)."""
+    out: list[Sequence[tuple[str, bool]]] = []
     xi = 0
-    for b, e in units:
+    for i, (b, e) in enumerate(units):
         while xi < len(excluded) and excluded[xi][1] <= b:
             xi += 1
         if xi == len(excluded) or excluded[xi][0] >= e:
-            out.append([_classify(w) for w in _WORD.findall(text, b, e)])
+            out.append(known[i] if i < len(known) else _unit_words(text, b, e))
             continue
         kept = []
         for m in _WORD.finditer(text, b, e):
@@ -566,15 +645,32 @@ class _Context:
     def __init__(
         self,
         units: Sequence[tuple[int, int]],
-        context: list[list[tuple[str, bool]]],
+        context: list[Sequence[tuple[str, bool]]],
         drafter: TokenizedText,
+        prefix: UnitPrefix | None = None,
     ):
         self.units = units
         self.words = context
-        self.sets = [{n for n, _ in ws} for ws in context]
-        self.n_units = max(1, sum(1 for s in self.sets if s))
-        self.unit_df = Counter(n for s in self.sets for n in s)
-        self.occurrences = Counter(n for ws in context for n, _ in ws)
+        if prefix is None:
+            self.sets: list[frozenset[str]] = [frozenset(n for n, _ in ws) for ws in context]
+            non_empty = sum(1 for s in self.sets if s)
+            self.unit_df = Counter(n for s in self.sets for n in s)
+            self.occurrences = Counter(n for ws in context for n, _ in ws)
+        else:  # the prefix's tables, mended where this prompt's exclusions differ
+            k = len(prefix.units)
+            self.sets = [*prefix.sets, *(frozenset(n for n, _ in ws) for ws in context[k:])]
+            non_empty, self.unit_df, self.occurrences = prefix.counts()
+            changed = [u for u in range(k) if context[u] is not prefix.words[u]]
+            for u in changed:
+                non_empty -= bool(self.sets[u])
+                self.unit_df.subtract(self.sets[u])
+                self.occurrences.subtract(n for n, _ in prefix.words[u])
+                self.sets[u] = frozenset(n for n, _ in context[u])
+            for u in (*changed, *range(k, len(units))):
+                non_empty += bool(self.sets[u])
+                self.unit_df.update(self.sets[u])
+                self.occurrences.update(n for n, _ in context[u])
+        self.n_units = max(1, non_empty)
         self.anchor_limit = min(ANCHOR_MAX_UNITS, max(1, int(COMMON_SHARE * self.n_units)))
         self.common_limit = max(1, int(COMMON_SHARE * self.n_units))
         self.drafter = drafter

@@ -55,6 +55,7 @@ from pflash.compress.selection import (
     span_sums,
     split_candidates,
 )
+from pflash.compress.unit_memo import UnitMemo
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, SpanIndex, decode_ids
@@ -323,8 +324,11 @@ def finish(
     subunit: np.ndarray | None = None,
     probe_params: ProbeParams | None = None,
     trace: TraceWriter | None = None,
+    units: UnitMemo | None = None,
 ) -> Compressed:
-    """Select, assemble and fit the ceiling, given the scorer's per-token scores."""
+    """Select, assemble and fit the ceiling, given the scorer's per-token scores. `units`:
+    the conversations' lexical units from earlier turns (`UnitMemo`, keyed by the input's
+    `session_key`); what is selected is the same without it."""
     select_started = time.perf_counter()
     if not prepared.compress or prepared.score_request is None:
         raise ValueError("finish() needs a prepared request that compresses")
@@ -369,7 +373,10 @@ def finish(
             pinned=budget.pinned,
             params=LexicalParams.from_config(config, cap_tokens=10 * budget.budget),
             pflash_query=prepared.input.pflash_query,
+            previous=units.get(prepared.input.session_key) if units is not None else None,
         )
+        if units is not None:
+            units.put(prepared.input.session_key, evidence.prefix)
         cands = split_candidates(cands, evidence.cut_points(), token_scores, kind=kind)
     if signals and config.select_passage_cuts:  # a passage's tokens share its score: by density
         kind = "density"
@@ -423,6 +430,7 @@ def finish(
     if evidence is not None:
         stats["lexical_units"] = len(evidence.units)
         stats["lexical_kept"] = chosen.lexical_kept
+        stats["lexical_units_reused"] = evidence.prefix.reused if evidence.prefix else 0
         kept = SpanIndex(chosen.assembly.kept_spans)
         units = [u for u in evidence.units if kept.covers(u.span)]
         lexical_spans = tuple(u.span for u in units)

@@ -1,9 +1,10 @@
 """Reuse equals recompute: what a conversation's later turns reuse (the drafter session,
-the passage embeddings) never changes what is served.
+the passage embeddings, the lexical units) never changes what is served.
 
 Two compressors serve the same agent conversation turn by turn, each with its own view
-store and its own drafter: one keeps drafter sessions and the embedding memo, the other
-(`drafter_sessions: 0`) scores every turn from scratch. The drafter is a tiny random-weight
+store and its own drafter: one keeps drafter sessions, the embedding memo and the units
+memo, the other (`drafter_sessions: 0`, `reuse_units=False`) computes every turn from
+scratch. The drafter is a tiny random-weight
 llama over SmolLM2's vocabulary (the reuse mechanics, not the weights, are under test), the
 sentence embedder the real shipped one, the tokenizer SmolLM2's.
 """
@@ -64,7 +65,7 @@ def _serve(tokenizer, loaded, sessions: int) -> list[tuple]:
         env={},
     )
     scorer = DrafterScorer(config, loaded)
-    results = serve_turns(tokenizer, scorer, config, _turns(), "agent-1")
+    results = serve_turns(tokenizer, scorer, config, _turns(), "agent-1", reuse_units=sessions > 0)
     return [(r.served_ids, r.served_text, r.stats) for r in results]
 
 
@@ -84,6 +85,10 @@ def test_a_conversation_served_with_reuse_equals_it_computed_from_scratch(
     assert all(s["scorer_resume"] > 0 for s in later)
     assert all(s["scorer_new_tokens"] < s["scorer_resume"] for s in later[2:])
     assert all(s["semantic_reused"] > 0 for s in later)
-    assert all(s["scorer_resume"] == 0 and s["semantic_reused"] == 0 for *_, s in scratch)
+    assert all(s["lexical_units_reused"] > 0 for s in later)
+    assert all(
+        s["scorer_resume"] == 0 and s["semantic_reused"] == 0 and s["lexical_units_reused"] == 0
+        for *_, s in scratch
+    )
     # the tool outputs were embedded as they arrived: the questions embed little else
     assert reused[3][2]["semantic_reused"] >= reused[3][2]["semantic_passages"] - 2

@@ -7,6 +7,8 @@ Prompts are built the way users send them (chat messages rendered and planned by
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pflash.compress.chat import render_chat
 from pflash.compress.lexical import (
@@ -18,6 +20,7 @@ from pflash.compress.lexical import (
     normalize,
     quoted_patterns,
     split_units,
+    units_before,
     words,
 )
 from pflash.compress.pipeline import PromptInput, prepare
@@ -32,12 +35,13 @@ def _filler(chars: int = 12000) -> str:
     return open("/usr/share/common-licenses/GPL-3").read()[:chars]
 
 
-def _prepared(tokenizer, content: str, **cfg):
+def _prepared(tokenizer, content: str, *, earlier: tuple[dict, ...] = (), **cfg):
     config = build_config(
         {"mode": "always", "keep_ratio": 0.1, "select_chunk_size": 64, **cfg}, env={}
     )
     messages = [
         {"role": "system", "content": "Answer briefly."},
+        *earlier,
         {"role": "user", "content": content},
     ]
     ids = tuple(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
@@ -517,3 +521,74 @@ def test_a_quote_is_not_matched_in_the_question_itself(smollm2_tokenizer):
         smollm2_tokenizer, [NEEDLE], 'Which paragraph says "zqxj wvut frobnicates"?'
     )
     assert _evidence(prepared).units == ()
+
+
+# ----------------------------------------------------------------------------- later turns
+
+_PIECES = ("Foo bar.", "baz? ", "\n", "\n\n", " ", "x_y", "3.5", "e.g.", "quokka", "Q! ", "a" * 450)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from(_PIECES), max_size=120),
+    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4),
+)
+def test_units_of_a_growing_text_reused_from_its_earlier_prefix_equal_units_cut_again(pieces, cuts):
+    text = "".join(pieces)
+    previous = None
+    for c in sorted(int(f * len(text)) for f in cuts):
+        prefix = units_before(text, c, previous)
+        assert list(prefix.units) == split_units(text, 0, c)
+        assert prefix == units_before(text, c)  # units, words, sets and counts
+        previous = prefix
+
+
+def test_a_prefix_the_text_no_longer_starts_with_is_not_reused():
+    old = units_before("The quokka sleeps.\nIt eats leaves.\n", 30)
+    edited = "The wombat sleeps.\nIt eats leaves.\nMore text here.\n"
+    prefix = units_before(edited, len(edited), old)
+    assert prefix.reused == 0
+    assert list(prefix.units) == split_units(edited, 0, len(edited))
+
+
+def test_lexical_evidence_of_later_turns_with_the_earlier_units_equals_it_from_scratch(
+    smollm2_tokenizer,
+):
+    """Three turns of one chat: each turn's evidence, given the turn before's prefix, is the
+    evidence computed from its whole text (units, scores, query pool), and reuse happened.
+    The second question repeats words of the first, which is in the context by then."""
+    doc = _with_needle(_filler(8000))
+    earlier: list[dict] = []
+    previous = None
+    turns = (
+        doc + "\n\nSummarize this license.",
+        QUESTION,
+        "Which magic quokka number did the document give, and where?",
+    )
+    for i, content in enumerate(turns):
+        prepared = _prepared(smollm2_tokenizer, content, earlier=tuple(earlier))
+        params = LexicalParams(mode="cascade", query="question", cap_tokens=None)
+        fresh = find_lexical_evidence(prepared.plan, pinned=prepared.budget.pinned, params=params)
+        reused = find_lexical_evidence(
+            prepared.plan, pinned=prepared.budget.pinned, params=params, previous=previous
+        )
+        assert reused == fresh, f"turn {i}"
+        assert (reused.prefix.reused > 0) == (i > 0)
+        previous = reused.prefix
+        earlier += [{"role": "user", "content": content}, {"role": "assistant", "content": "Ok."}]
+    assert any("7318842" in _text(prepared, u.span) for u in reused.units)
+
+
+def test_the_units_memo_keeps_each_conversations_latest_prefix_within_its_bound():
+    from pflash.compress.unit_memo import UnitMemo
+
+    memo = UnitMemo(max_chars=100)
+    a, b = units_before("a" * 60, 60), units_before("b" * 50, 50)
+    memo.put("tenant-a/one", a)
+    memo.put(None, b)  # no conversation: nothing kept
+    assert len(memo) == 1 and memo.get("tenant-a/one") is a
+    assert memo.get("tenant-b/one") is None and memo.get(None) is None
+    memo.put("tenant-a/two", b)  # 110 characters: the least recently used goes
+    assert memo.get("tenant-a/one") is None and memo.get("tenant-a/two") is b
+    memo.put("tenant-a/three", units_before("c" * 101, 101))  # larger than the memo: not kept
+    assert memo.get("tenant-a/three") is None and memo.get("tenant-a/two") is b
