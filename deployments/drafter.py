@@ -15,7 +15,7 @@ from typing import Any
 
 from ray import serve
 
-from deployments.resources import apply_thread_limits
+from deployments.resources import apply_thread_limits, freeze_startup_heap
 from pflash.compress.scoring import ScoreRequest, ScoreResult
 from pflash.config import DrafterScorerPart, build_part
 from pflash.models.loading import use_device
@@ -34,6 +34,7 @@ class DrafterScorerDeployment:
         self.config = build_part(DrafterScorerPart, self._base)
         use_device(self.config.device)  # tensors the model code creates land beside it
         self.scorer = DrafterScorer(self.config)
+        freeze_startup_heap()
         log.info("DrafterScorer ready (%d torch threads)", threads)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:

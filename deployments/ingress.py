@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from deployments.metrics import ServeMetrics
+from deployments.resources import freeze_startup_heap
 from deployments.session_store import STORE_NAME
 from pflash import api
 from pflash.admission import TokenBound, cap_output, check_prompt_bound, read_body
@@ -287,6 +288,7 @@ class Ingress:
             self.replica = serve.get_replica_context().replica_id.unique_id
         except Exception:
             self.replica = "local"
+        freeze_startup_heap()
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Apply `user_config` live: every PFlash knob, validated like at startup. The

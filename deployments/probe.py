@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from deployments.resources import apply_thread_limits
+from deployments.resources import apply_thread_limits, freeze_startup_heap
 from pflash.compress.scoring import ScoreResult
 from pflash.compress.segments import ProbeParams
 from pflash.config import ScoringConfig, build_part
@@ -35,6 +35,7 @@ class SegmentProbeDeployment:
         identity = drafter_probe_identity(cfg)
         path = resolve_artefact("probe", cfg.segment_probe_gguf, cfg.drafter, identity.feature_tap)
         self.probe = load_segment_probe(path, identity, memo=cfg.drafter_sessions)
+        freeze_startup_heap()
         log.info(
             "SegmentProbe ready: %s (threshold %.3f, min %d, max %d)",
             path,

@@ -1,7 +1,9 @@
-"""Process-level settings every replica applies on start (torch threads from its CPU share)."""
+"""Process-level settings every replica applies on start (torch threads from its CPU share,
+the start-up heap frozen out of the garbage collector's reach)."""
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 
@@ -35,3 +37,19 @@ def apply_thread_limits() -> int:
     torch.set_num_threads(n)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return n
+
+
+def freeze_startup_heap() -> int:
+    """Collect once, then move every object alive now (imported modules, the model, the
+    tokenizers) to the collector's permanent generation; returns how many. Called last in
+    each replica's start-up.
+
+    Why: a full collection walks every tracked object, and CPython runs one whenever the
+    objects that survived since the last grow by a quarter - every few later steps of a
+    long conversation, which allocate ~100K tuples each. With the ~400K objects a model
+    replica holds after start-up, each took ~190 ms (a 64K-token question step in process:
+    a 0.3 s step became 0.5 s); frozen, ~3 ms. Frozen objects are never freed, so only
+    what lives as long as the replica is frozen: nothing a request allocates."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

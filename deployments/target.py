@@ -14,7 +14,7 @@ from typing import Any
 
 from ray import serve
 
-from deployments.resources import apply_thread_limits
+from deployments.resources import apply_thread_limits, freeze_startup_heap
 from pflash.config import TargetModelPart, build_part
 from pflash.models.loading import use_device
 from pflash.models.target.protocol import GenerationEvent, SamplingParams, UpstreamError
@@ -91,6 +91,7 @@ class TargetModelDeployment:
             from pflash.models.target.hf import TransformersTarget
 
             self.backend = TransformersTarget.from_config(self.config, num_threads=threads)
+        freeze_startup_heap()
         log.info(
             "TargetModel ready: %s backend, context %d",
             self.config.target_backend,
