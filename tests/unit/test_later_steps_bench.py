@@ -23,6 +23,8 @@ def test_each_step_of_the_conversation_resumes_the_drafter_on_what_it_adds(steps
     assert all(q.drafter_new_tokens < 60 for q in questions)  # a question's own tokens
     sizes = [s.prompt_tokens for s in steps]
     assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
+    # the drafter's call is part of each step's path, and the rest is what the ingress adds
+    assert all(0 < s.drafter_ms < s.path_ms for s in steps)
 
 
 def test_the_table_reports_medians_per_length(steps):
