@@ -46,10 +46,11 @@ def freeze_startup_heap() -> int:
 
     Why: a full collection walks every tracked object, and CPython runs one whenever the
     objects that survived since the last grow by a quarter - every few later steps of a
-    long conversation, which allocate ~100K tuples each. With the ~400K objects a model
-    replica holds after start-up, each took ~190 ms (a 64K-token question step in process:
-    a 0.3 s step became 0.5 s); frozen, ~3 ms. Frozen objects are never freed, so only
-    what lives as long as the replica is frozen: nothing a request allocates."""
+    long conversation, which allocate ~100K tuples each. With the ~392K objects a process
+    holding the drafter had after start-up, each took ~190 ms (a question step over 64K
+    tokens in process: 0.6 s, 0.8 s when a full collection fell in it); frozen, 3-8 ms.
+    Frozen objects are never freed, so only what lives as long as the replica is frozen:
+    nothing a request allocates."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

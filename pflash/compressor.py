@@ -67,7 +67,7 @@ from pflash.compress.rendered import (
 )
 from pflash.compress.scoring import ScoreRequest, ScoreResult, is_skipped_read_ahead
 from pflash.compress.segments import ProbeParams
-from pflash.compress.unit_memo import UnitMemo
+from pflash.compress.turn_memo import TurnMemo
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, InvalidRequest, StageUnavailable, runtime_failure
 from pflash.views.decision import View, decide_view, served_result
@@ -186,7 +186,7 @@ class Compressor:
         record: Callable[..., None] = _no_metrics,
         trace: Any = None,
         offload: Callable[..., Awaitable[Any]] = inline,
-        reuse_units: bool = True,
+        reuse_memo: bool = True,
     ):
         self.target_tokenizer = target_tokenizer
         self.drafter_tokenizer = drafter_tokenizer
@@ -199,9 +199,9 @@ class Compressor:
         self.offload = offload
         self._probe_params = Once(probe.params) if probe is not None else None
         self._reading: dict[str, asyncio.Task] = {}  # read-aheads in flight, by conversation
-        # each conversation's lexical units, for its next turn (off: every turn cuts its
-        # whole text again, the baseline that reuse must equal)
-        self.units = UnitMemo() if reuse_units else None
+        # what each conversation's turn derived from its unchanged text, for its next turn
+        # (off: every turn computes it from scratch, the baseline that reuse must equal)
+        self.memo = TurnMemo() if reuse_memo else None
 
     async def max_context(self) -> int | None:
         """The target's context in tokens; a failed or timed-out fetch is the target's
@@ -248,7 +248,7 @@ class Compressor:
             session_key=request.conversation or None,  # no key: no drafter session
             r0=r0,
         )
-        prepared = await self.offload(prepare, inp, **self._kw(config))
+        prepared = await self.offload(prepare, inp, memo=self.memo, **self._kw(config))
         if not prepared.compress and not self._views_apply(request):
             # the prompt will be served as it is: whether it fits is known now
             check_context(passthrough(prompt.ids, ""), request, max_ctx)
@@ -368,7 +368,7 @@ class Compressor:
                 boundary=boundary,
                 subunit=subunit,
                 probe_params=probe_params,
-                units=self.units,
+                memo=self.memo,
                 **self._kw(config),
             )
         except Exception as exc:

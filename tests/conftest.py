@@ -47,12 +47,12 @@ def tool_step(name: str, output: str, n: int) -> list[dict]:
 
 
 def serve_turns(
-    tokenizer, scorer, config, turns, session_id: str, *, record=None, reuse_units=True
+    tokenizer, scorer, config, turns, session_id: str, *, record=None, reuse_memo=True
 ) -> list:
     """Each chat of `turns` (message lists, one conversation growing) through one real
     `Compressor` with a view store, as tenant-a: the `Compressed` result of every turn.
     `scorer` is called in process; `record` receives the flow's metric events;
-    `reuse_units` False: the flow cuts every turn's lexical units from scratch."""
+    `reuse_memo` False: the flow derives every turn from scratch (no `TurnMemo`)."""
     from pflash import api
     from pflash.compressor import (
         Compressor,
@@ -70,7 +70,7 @@ def serve_turns(
         store=LocalStore(ViewStore(16, 3600.0)),
         max_context=8192,
         record=record or (lambda name, value=1.0, **tags: None),
-        reuse_units=reuse_units,
+        reuse_memo=reuse_memo,
     )
     out = []
     for messages in turns:

@@ -55,7 +55,7 @@ from pflash.compress.selection import (
     span_sums,
     split_candidates,
 )
-from pflash.compress.unit_memo import UnitMemo
+from pflash.compress.turn_memo import TurnMemo
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, SpanIndex, decode_ids
@@ -186,11 +186,18 @@ def prepare(
     config: PFlashConfig,
     target_tokenizer,
     drafter_tokenizer,
+    memo: TurnMemo | None = None,
 ) -> Prepared:
-    """Plan queries and pins, size the budget, and decide whether to compress at all."""
+    """Plan queries and pins, size the budget, and decide whether to compress at all.
+    `memo`: what the conversation's earlier turn derived (`TurnMemo`, by the input's
+    `session_key`); the result is the same without it."""
     started = time.perf_counter()
     prepared = _prepare(
-        inp, config=config, target_tokenizer=target_tokenizer, drafter_tokenizer=drafter_tokenizer
+        inp,
+        config=config,
+        target_tokenizer=target_tokenizer,
+        drafter_tokenizer=drafter_tokenizer,
+        memo=memo,
     )
     return replace(prepared, plan_ms=ms_since(started))
 
@@ -201,6 +208,7 @@ def _prepare(
     config: PFlashConfig,
     target_tokenizer,
     drafter_tokenizer,
+    memo: TurnMemo | None = None,
 ) -> Prepared:
     prompt = inp.prompt
     decoded = encoding.decode(target_tokenizer, prompt.ids, prompt.text)
@@ -255,7 +263,9 @@ def _prepare(
         scorer=config.select_scorer,
         session_key=inp.session_key,
         want_tap=config.segment_probe_gguf is not None and config.select_segments != "fixed",
-        **passage_evidence.evidence_request(plan, budget.pinned, config, suffix=suffix),
+        **passage_evidence.evidence_request(
+            plan, budget.pinned, config, suffix=suffix, memo=memo, conversation=inp.session_key
+        ),
     )
     return Prepared(inp, prompt_text, plan, budget, True, budget.reason, request, question=question)
 
@@ -324,10 +334,10 @@ def finish(
     subunit: np.ndarray | None = None,
     probe_params: ProbeParams | None = None,
     trace: TraceWriter | None = None,
-    units: UnitMemo | None = None,
+    memo: TurnMemo | None = None,
 ) -> Compressed:
-    """Select, assemble and fit the ceiling, given the scorer's per-token scores. `units`:
-    the conversations' lexical units from earlier turns (`UnitMemo`, keyed by the input's
+    """Select, assemble and fit the ceiling, given the scorer's per-token scores. `memo`:
+    the conversations' lexical units from earlier turns (`TurnMemo`, keyed by the input's
     `session_key`); what is selected is the same without it."""
     select_started = time.perf_counter()
     if not prepared.compress or prepared.score_request is None:
@@ -373,10 +383,12 @@ def finish(
             pinned=budget.pinned,
             params=LexicalParams.from_config(config, cap_tokens=10 * budget.budget),
             pflash_query=prepared.input.pflash_query,
-            previous=units.get(prepared.input.session_key) if units is not None else None,
+            previous=memo.get(prepared.input.session_key, "units") if memo is not None else None,
         )
-        if units is not None:
-            units.put(prepared.input.session_key, evidence.prefix)
+        if memo is not None and evidence.prefix is not None:
+            memo.put(
+                prepared.input.session_key, "units", evidence.prefix, len(evidence.prefix.text)
+            )
         cands = split_candidates(cands, evidence.cut_points(), token_scores, kind=kind)
     if signals and config.select_passage_cuts:  # a passage's tokens share its score: by density
         kind = "density"

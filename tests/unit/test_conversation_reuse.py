@@ -3,7 +3,7 @@ the passage embeddings, the lexical units) never changes what is served.
 
 Two compressors serve the same agent conversation turn by turn, each with its own view
 store and its own drafter: one keeps drafter sessions, the embedding memo and the units
-memo, the other (`drafter_sessions: 0`, `reuse_units=False`) computes every turn from
+memo, the other (`drafter_sessions: 0`, `reuse_memo=False`) computes every turn from
 scratch. The drafter is a tiny random-weight
 llama over SmolLM2's vocabulary (the reuse mechanics, not the weights, are under test), the
 sentence embedder the real shipped one, the tokenizer SmolLM2's.
@@ -65,7 +65,7 @@ def _serve(tokenizer, loaded, sessions: int) -> list[tuple]:
         env={},
     )
     scorer = DrafterScorer(config, loaded)
-    results = serve_turns(tokenizer, scorer, config, _turns(), "agent-1", reuse_units=sessions > 0)
+    results = serve_turns(tokenizer, scorer, config, _turns(), "agent-1", reuse_memo=sessions > 0)
     return [(r.served_ids, r.served_text, r.stats) for r in results]
 
 

@@ -579,16 +579,18 @@ def test_lexical_evidence_of_later_turns_with_the_earlier_units_equals_it_from_s
     assert any("7318842" in _text(prepared, u.span) for u in reused.units)
 
 
-def test_the_units_memo_keeps_each_conversations_latest_prefix_within_its_bound():
-    from pflash.compress.unit_memo import UnitMemo
+def test_the_turn_memo_keeps_each_conversations_latest_value_within_its_bound():
+    from pflash.compress.turn_memo import TurnMemo
 
-    memo = UnitMemo(max_chars=100)
+    memo = TurnMemo(max_chars=100)
     a, b = units_before("a" * 60, 60), units_before("b" * 50, 50)
-    memo.put("tenant-a/one", a)
-    memo.put(None, b)  # no conversation: nothing kept
-    assert len(memo) == 1 and memo.get("tenant-a/one") is a
-    assert memo.get("tenant-b/one") is None and memo.get(None) is None
-    memo.put("tenant-a/two", b)  # 110 characters: the least recently used goes
-    assert memo.get("tenant-a/one") is None and memo.get("tenant-a/two") is b
-    memo.put("tenant-a/three", units_before("c" * 101, 101))  # larger than the memo: not kept
-    assert memo.get("tenant-a/three") is None and memo.get("tenant-a/two") is b
+    memo.put("tenant-a/one", "units", a, 60)
+    memo.put(None, "units", b, 50)  # no conversation: nothing kept
+    assert len(memo) == 1 and memo.get("tenant-a/one", "units") is a
+    assert memo.get("tenant-a/one", "passages") is None
+    assert memo.get("tenant-b/one", "units") is None and memo.get(None, "units") is None
+    memo.put("tenant-a/two", "units", b, 50)  # 110 characters: the least recently used goes
+    assert memo.get("tenant-a/one", "units") is None and memo.get("tenant-a/two", "units") is b
+    memo.put("tenant-a/three", "units", a, 101)  # larger than the memo: not kept
+    assert memo.get("tenant-a/three", "units") is None
+    assert memo.get("tenant-a/two", "units") is b

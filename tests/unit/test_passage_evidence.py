@@ -95,6 +95,44 @@ def test_passages_tile_the_context_outside_pins_within_the_length(smollm2_tokeni
     assert drafter.char_span(p)[1] >= ev + len(EVIDENCE)
 
 
+def test_regions_an_earlier_turn_cut_are_reused_only_where_text_and_tokens_are_unchanged(
+    smollm2_tokenizer,
+):
+    """A conversation's next turn: the regions whose bounds, text and token offsets are the
+    earlier turn's come from its table, and the passages equal cutting every region again;
+    a region whose text changed (same bounds) is cut again."""
+    text = _content(6000)
+    drafter = encode_as_written_with_offsets(smollm2_tokenizer, text)
+    end = drafter.token_at_or_after(text.index(QUESTION))
+    pinned = (Span(0, 5), Span(300, 340))
+    made: dict = {}
+    first = evidence_passages(drafter, end, pinned, max_tokens=96, made=made)
+    assert len(made) == 2  # the regions between the pins and after them
+    later = text + "\n\nAnd one more line the next turn added."
+    drafter2 = encode_as_written_with_offsets(smollm2_tokenizer, later)
+    end2 = drafter2.token_at_or_after(len(later) - 10)
+    calls = []
+    import pflash.compress.passage_evidence as pe
+
+    real = pe._cut_region
+    try:
+        pe._cut_region = lambda d, r, m: calls.append(r) or real(d, r, m)
+        made2: dict = {}
+        reused = evidence_passages(drafter2, end2, pinned, max_tokens=96, known=made, made=made2)
+    finally:
+        pe._cut_region = real
+    assert reused == evidence_passages(drafter2, end2, pinned, max_tokens=96)
+    head = len(next(iter(made.values())))  # the passages of the region between the pins
+    assert reused[:head] == first[:head]
+    assert calls == [Span(340, end2)]  # only the region that grew was cut
+    # the same bounds over other text: cut again
+    edited = "X" + text[1:]
+    drafter3 = encode_as_written_with_offsets(smollm2_tokenizer, edited)
+    assert evidence_passages(drafter3, end, pinned, max_tokens=96, known=made) == (
+        evidence_passages(drafter3, end, pinned, max_tokens=96)
+    )
+
+
 def test_a_sentence_longer_than_a_passage_is_cut_in_parts(smollm2_tokenizer):
     text = "word " * 500 + "\n\n" + QUESTION
     drafter = encode_as_written_with_offsets(smollm2_tokenizer, text)
