@@ -53,7 +53,8 @@ class PFlashStats(BaseModel):
     (`select_lexical`), `lexical_units_reused` how many of the context's units came from the
     conversation's earlier turn instead of being cut and read again; `semantic_passages` / `semantic_ms` the passages the sentence
     embedder scored and that pass's time, part of `scorer_forward_ms`
-    (`select_semantic_weight`), `semantic_reused` how many of its texts
+    (`select_semantic_weight`), `semantic_blocks` the code blocks (functions, classes) it
+    also read whole, `semantic_reused` how many of its texts
     (passages and question parts) came from the conversation's earlier turns instead of
     being embedded again, `semantic_prefetched` passages after the question (tool outputs
     since the user last spoke) embedded for the next question; `projection_passages` / `projection_ms` the
@@ -89,6 +90,7 @@ class PFlashStats(BaseModel):
     lexical_kept: int = 0
     lexical_units_reused: int = 0
     semantic_passages: int = 0
+    semantic_blocks: int = 0
     semantic_ms: float = 0.0
     semantic_reused: int = 0
     semantic_prefetched: int = 0

@@ -43,7 +43,13 @@ from typing import Any
 import numpy as np
 
 from pflash.compress.bridge import lift_groups, second_hop
-from pflash.compress.code_headers import code_lines
+from pflash.compress.code_blocks import (
+    CodeBlock,
+    block_texts,
+    lift_blocks,
+    passage_blocks,
+    passage_headers,
+)
 from pflash.compress.entity_feedback import followed_passages, lift_passages
 from pflash.compress.lexical import split_units
 from pflash.compress.query import Plan, question_tail
@@ -267,13 +273,17 @@ def evidence_request(
         known=known,
         made=made,
     )
+    blocks = passage_blocks(plan.drafter, semantic) if want_semantic else ()
+    if blocks:
+        out["evidence_blocks"] = tuple(b.span for b in blocks)
     if semantic and want_projection:
         out |= {"projection_passages": semantic, "projection_question": question}
     if semantic and want_semantic:
         text = plan.drafter.text
         out |= {
             "semantic_passages": semantic,
-            "semantic_texts": passage_texts(plan.drafter, semantic),
+            "semantic_texts": passage_texts(plan.drafter, semantic)
+            + block_texts(plan.drafter, blocks),
             "semantic_questions": question_parts(text[slice(*plan.drafter.char_span(question))]),
         }
     if want_semantic:  # what the next question will read as passages, embedded now
@@ -348,14 +358,20 @@ def passage_signals(
     scores: ScoreResult,
     config: PFlashConfig,
     drafter: TokenizedText,
+    *,
+    whole_block_tokens: int = 0,
 ) -> list[PassageSignal]:
     """The passage scores asked for in prepare, checked: a missing, mis-sized or non-finite
     reply fails closed (stage drafter), never a selection without the asked signal. Semantic
-    scores take each passage's best question part; every signal then lifts the header of
-    the code block a passage sits in (`lift_code_headers`)."""
+    scores take each passage's best question part; the code blocks the embedder read whole
+    are on one scale with its passages. Every signal then lifts each block's passages to
+    the embedder's score for the block, and a block of at most `whole_block_tokens` drafter
+    tokens to its best passage's as well (`code_blocks.lift_blocks`), and the header of the
+    code block a passage sits in (`lift_code_headers`)."""
     asked = []
+    blocks = _checked_blocks(req, drafter)
     if req.semantic_texts:
-        shape = (len(req.semantic_questions), len(req.semantic_passages))
+        shape = (len(req.semantic_questions), len(req.semantic_passages) + len(blocks))
         asked.append(
             (
                 "semantic",
@@ -384,20 +400,35 @@ def passage_signals(
             )
         if not np.all(np.isfinite(values)):
             raise CompressionFailed("drafter", f"non-finite {name} scores")
-        if len(shape) == 2:
+        if len(shape) == 2:  # passages, then code blocks: one scale (`code_blocks`)
             values = combine_questions(values)
         else:
             values = part_shares(np.asarray(values)[None, :])[0]
-        checked.append(_Checked(name, tuple(passages), values, weight))
+        n = len(passages)
+        checked.append(_Checked(name, tuple(passages), values[:n], weight, values[n:]))
     if config.select_entity_feedback:
         checked = _follow_entities(drafter, checked, _question_text(req, drafter))
     out = []
-    for c in checked:
-        values = lift_code_headers(drafter, c.passages, c.values)
+    read = next((c.blocks for c in checked if c.name == "semantic"), np.zeros(len(blocks)))
+    for c in checked:  # the embedder's block scores, for every signal (as entity feedback)
+        values = lift_blocks(c.values, blocks, read, whole_tokens=whole_block_tokens)
+        values = lift_code_headers(drafter, c.passages, values)
         if config.select_passage_cuts:  # after every lift: a sentence's parts go together
             values = whole_sentences(drafter, c.passages, values)
         out.append(PassageSignal(c.passages, values, c.weight))
     return out
+
+
+def _checked_blocks(req: ScoreRequest, drafter: TokenizedText) -> tuple[CodeBlock, ...]:
+    """The code blocks of the asked passages, as prepare found them: found again here (a
+    pure function of the passages), and a request whose blocks differ fails closed."""
+    blocks = passage_blocks(drafter, req.semantic_passages)
+    if tuple(b.span for b in blocks) != tuple(req.evidence_blocks):
+        raise CompressionFailed(
+            "selection",
+            f"{len(req.evidence_blocks)} code blocks asked, {len(blocks)} in the passages",
+        )
+    return blocks
 
 
 @dataclass(frozen=True)
@@ -410,6 +441,7 @@ class _Checked:
     passages: tuple[Span, ...]
     values: np.ndarray
     weight: float
+    blocks: np.ndarray  # per evidence block, on the passages' scale
 
 
 def _question_text(req: ScoreRequest, drafter: TokenizedText) -> str:
@@ -449,22 +481,6 @@ def _follow_entities(
         for k in members:
             values = lift_passages(checked[k].values, followed)
             out[k] = replace(checked[k], values=lift_groups(values, hops))
-    return out
-
-
-def passage_headers(drafter: TokenizedText, spans: Sequence[tuple[int, int]]) -> list[int]:
-    """For each passage (char spans, source order), the start of the header line of the
-    innermost code block its first visible character is in (a piece often opens with the
-    newline and indentation of the line before), -1 outside any block (`code_lines`)."""
-    if not spans:
-        return []
-    text = drafter.text
-    lines, headers = code_lines(text, spans[0][0], spans[-1][1])
-    out = []
-    for b, e in spans:
-        first = b + len(text[b:e]) - len(text[b:e].lstrip())
-        line = bisect.bisect_right(lines, first) - 1
-        out.append(headers[line] if line >= 0 else -1)
     return out
 
 
@@ -543,6 +559,7 @@ def evidence_stats(scores: ScoreResult) -> dict[str, Any]:
     """`usage.timings.pflash` fields of the passage signals the drafter computed."""
     keys = (
         "semantic_passages",
+        "semantic_blocks",
         "semantic_ms",
         "semantic_reused",
         "semantic_prefetched",

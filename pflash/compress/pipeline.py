@@ -61,6 +61,10 @@ from pflash.errors import CompressionFailed
 from pflash.spans import Span, SpanIndex, decode_ids
 from pflash.trace import SelectionTrace, TraceWriter
 
+# a code block is lifted whole (`code_blocks.lift_blocks`) when it takes at most this share of
+# the droppable budget: a described function is kept with room for the rest of the evidence
+WHOLE_BLOCK_SHARE = 0.5
+
 
 @dataclass(frozen=True)
 class PromptInput:
@@ -350,7 +354,13 @@ def finish(
     token_scores = _head_scores(scores, config, n)
     if config.select_position_prior == "distance" and config.select_scorer != "legacy":
         token_scores = lift_over_prior(token_scores, plan.query.begin)
-    signals = passage_evidence.passage_signals(prepared.score_request, scores, config, plan.drafter)
+    signals = passage_evidence.passage_signals(
+        prepared.score_request,
+        scores,
+        config,
+        plan.drafter,
+        whole_block_tokens=math.floor(WHOLE_BLOCK_SHARE * (budget.budget - budget.kept_tokens)),
+    )
     if signals:
         token_scores = passage_evidence.mix_evidence(
             token_scores, signals, context_end=plan.query.begin

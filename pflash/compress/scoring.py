@@ -31,6 +31,8 @@ class ScoreRequest:
       pipeline that mixes the scores (the drafter reads the texts).
     - `projection_passages`: passages to score by the tap projection's cosine to the
       `projection_question` rows (`pflash.models.projection`); empty = none asked.
+    - `evidence_blocks`: code blocks the sentence embedder also reads whole
+      (`pflash.compress.code_blocks`): their texts follow the passages' in `semantic_texts`.
     - `semantic_prefetch`: passage texts after the question (an agent's tool outputs since
       the user last spoke) to embed into the conversation's memo and not score: the next
       question reads them as passages, and then pays only for its own (§6.4).
@@ -52,6 +54,7 @@ class ScoreRequest:
     semantic_prefetch: tuple[str, ...] = ()
     projection_passages: tuple[Span, ...] = ()
     projection_question: Span | None = None
+    evidence_blocks: tuple[Span, ...] = ()
     read_ahead: bool = False
 
 
@@ -64,7 +67,8 @@ class ScoreResult:
     - `legacy`: legacy smoothed running-max scores, float32 [S] (legacy and split scorers).
     - `tap`: hidden states entering the scoring layer, float32 [S, hidden] (when asked).
     - `semantic`: per question and asked text, the cosine of their embeddings, float32
-      [len(semantic_questions), len(semantic_texts)]; None when none was asked.
+      [len(semantic_questions), len(semantic_texts)] (passages, then evidence blocks); None
+      when none was asked.
     - `projection`: per asked projection passage, the tap projection's cosine to the
       question, float32 [len(projection_passages)]; None when none was asked.
     - `scorer_resume`: tokens reused from a drafter session; `scorer_new_tokens`: tokens

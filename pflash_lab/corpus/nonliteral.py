@@ -319,7 +319,7 @@ def described_code(spec: CaseSpec, count: CountTokens) -> BenchCase:
     rng.shuffle(others)
     files = pack_modules(others, budget - count(own) - 2, count)
     files.insert(rng.randrange(len(files) + 1), own)
-    turn = Turn(question, (target.name,), (target.def_line,), max_tokens=16)
+    turn = Turn(question, (target.name,), (target.source,), max_tokens=16)
     return BenchCase(spec, FILE_SEPARATOR.join(files), (turn,))
 
 

@@ -184,6 +184,44 @@ def test_the_drafter_returns_similarities_and_fails_closed_without_a_question(em
         scorer(dataclasses.replace(req, semantic_passages=req.semantic_passages[:2]))
 
 
+def test_the_drafter_scores_code_blocks_after_their_passages(embedder):
+    import colorsys
+    import inspect
+
+    from pflash.errors import CompressionFailed
+
+    model = tiny_decoder("llama", layers=4)
+    loaded = LoadedModel(model, ModelSource("tiny", Path(".")), None, 0.0, False, "llama")
+    cfg = {
+        "drafter_head_layer": 2,
+        "drafter_chunk_tokens": 16,
+        "semantic_embedder_dtype": "float32",
+    }
+    scorer = DrafterScorer(build_config(cfg, env={}), loaded)
+    scorer._embedder = embedder
+    main = QueryWindow(Span(70, 72), 1.0, "main")
+    passages = tuple(f for f, _ in PARAPHRASED)
+    blocks = tuple(inspect.getsource(f) for f in (colorsys.rgb_to_hsv, colorsys.hls_to_rgb))
+    question = "Which routine turns hue, lightness and saturation into red, green and blue?"
+    req = ScoreRequest(
+        ids=tuple(range(5, 77)),
+        windows=(main,),
+        query=main.span,
+        semantic_passages=(Span(0, 20), Span(20, 40), Span(40, 60)),
+        semantic_texts=passages + blocks,
+        semantic_questions=(question,),
+        evidence_blocks=(Span(0, 40), Span(40, 60)),
+    )
+    result = scorer(req)
+    assert result.semantic.shape == (1, 5)
+    np.testing.assert_allclose(
+        result.semantic, embedder.similarity((question,), passages + blocks), atol=1e-6
+    )
+    assert result.extras["semantic_passages"] == 3 and result.extras["semantic_blocks"] == 2
+    with pytest.raises(CompressionFailed, match="3 passages and 2 code blocks"):
+        scorer(dataclasses.replace(req, semantic_texts=passages + blocks[:1]))
+
+
 class Counting:
     """The real embedder, counting the texts it is asked to embed."""
 

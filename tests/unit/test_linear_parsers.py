@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from pflash.api.tool_calls import ToolCallStream, split_tool_calls
 from pflash.compress import passages as passages_module
+from pflash.compress.code_blocks import BLOCK_MAX_CHARS, block_texts, passage_blocks
+from pflash.compress.code_headers import code_lines
 from pflash.compress.entity_feedback import names
 from pflash.compress.lexical import (
     MAX_QUOTES,
@@ -214,6 +216,27 @@ def test_passages_under_one_long_code_header_are_read_in_linear_time():
     assert seconds(passage_texts, drafter, passages) < 1.0
     texts = passage_texts(drafter, passages)
     assert texts[0] == header and set(texts[1:]) == {header[:HEADER_MAX_CHARS] + "\n    y = 1\n"}
+
+
+def test_code_blocks_under_one_long_header_are_read_in_linear_time():
+    header = "def f(" + "x" * 1_000_000 + "):"
+    text = header + "\n" + "    y = 1\n" * 20_000
+    offsets = (
+        (0, len(header)),
+        *((len(header) + 1 + 10 * i, len(header) + 11 + 10 * i) for i in range(20_000)),
+    )
+    drafter = TokenizedText(text, tuple(range(20_001)), offsets)
+    passages = tuple(Span(i, i + 1) for i in range(20_001))
+    assert seconds(passage_blocks, drafter, passages) < 1.0
+    (block,) = passage_blocks(drafter, passages)
+    assert len(block.passages) == 20_001
+    assert [len(t) for t in block_texts(drafter, [block])] == [BLOCK_MAX_CHARS]
+
+
+def test_signatures_left_open_are_read_in_linear_time():
+    one = "def f(" + "(" * 200 + "\n" + "    x,\n" * 40
+    text = one * 2_500  # every signature open for its whole bound of lines
+    assert seconds(code_lines, text, 0, len(text)) < 1.0
 
 
 # ----------------------------------------------------------------------------- entity names

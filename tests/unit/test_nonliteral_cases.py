@@ -254,7 +254,8 @@ def test_described_code_asks_a_real_function_defined_once(cases):
     for case in cases["described_code"]:
         (turn,) = case.turns
         (name,) = turn.answers
-        assert turn.evidence[0].startswith(f"def {name}(")
+        assert turn.evidence[0].startswith(f"def {name}(")  # the whole function, as written
+        assert turn.evidence[0] in case.document and turn.evidence[0].count("\n") >= 3
         assert len(re.findall(rf"^def {re.escape(name)}\(", case.document, re.M)) == 1
         assert name in {f.name for _, f in described_functions()}
 

@@ -606,6 +606,7 @@ def _entity_signals(tokenizer, semantic_weight: float):
         semantic_texts=tuple(texts) if semantic_weight else (),
         semantic_questions=("About the firm: how large is its staff?",),
         projection_passages=passages,
+        evidence_blocks=(),
     )
     scores = SimpleNamespace(
         semantic=np.array([semantic], dtype=np.float32), projection=np.array(projection)

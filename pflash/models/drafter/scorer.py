@@ -406,7 +406,8 @@ class DrafterScorer:
             raise NonFiniteScores("semantic: non-finite similarities")
         ms = (time.perf_counter() - t0) * 1000
         result.extras["semantic_ms"] = round(ms, 1)
-        result.extras["semantic_passages"] = len(req.semantic_texts)
+        result.extras["semantic_passages"] = len(req.semantic_passages)
+        result.extras["semantic_blocks"] = len(req.evidence_blocks)
         result.extras["semantic_reused"] = self.embeddings.hits
         result.extras["semantic_prefetched"] = len(prefetch)
         return replace(result, semantic=sims, scorer_forward_ms=result.scorer_forward_ms + ms)
@@ -719,10 +720,13 @@ def _validate(req: ScoreRequest) -> None:
         raise CompressionFailed("drafter", "the head scorer needs at least one query window")
     if req.semantic_texts and not all(q.strip() for q in req.semantic_questions or ("",)):
         raise CompressionFailed("drafter", "semantic scores need the question's text")
-    if len(req.semantic_texts) != len(req.semantic_passages):
+    if req.semantic_texts and len(req.semantic_texts) != len(req.semantic_passages) + len(
+        req.evidence_blocks
+    ):
         raise CompressionFailed(
             "drafter",
-            f"{len(req.semantic_texts)} semantic texts for {len(req.semantic_passages)} passages",
+            f"{len(req.semantic_texts)} semantic texts for {len(req.semantic_passages)} "
+            f"passages and {len(req.evidence_blocks)} code blocks",
         )
     pq = req.projection_question
     if req.projection_passages and (pq is None or pq.empty or pq.begin < 0 or pq.end > s):
