@@ -131,6 +131,7 @@ def code_lines(text: str, begin: int, end: int) -> tuple[tuple[int, ...], tuple[
 
 
 def _bracket_depth(line: str) -> int:
-    """Brackets a line opens minus those it closes (strings and comments not told apart:
-    a signature's lines are bounded by `SIGNATURE_LINES` either way)."""
-    return sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
+    """Round and square brackets a line opens minus those it closes. Not braces: a
+    `function f(a,\n b) {` would stay open for its whole body. Strings and comments are not
+    told apart: a signature's lines are bounded by `SIGNATURE_LINES` either way."""
+    return line.count("(") + line.count("[") - line.count(")") - line.count("]")

@@ -63,6 +63,13 @@ def test_a_signature_over_several_lines_belongs_to_its_definition():
     assert line["x = 1"] == -1  # the block ends where the indentation does
 
 
+def test_a_brace_after_a_signature_over_several_lines_does_not_hold_it_open():
+    text = "function pad(text,\n    width) {\n  return text;\n}\nconst x = 1;\n"
+    line = _header_of_each_line(text)
+    assert line["width) {"] == 0 and line["return text;"] == 0
+    assert line["const x = 1;"] == -1
+
+
 def test_an_unclosed_bracket_holds_a_signature_open_for_a_bounded_number_of_lines():
     text = "def broken(\n" + "".join(f"    arg{i},\n" for i in range(100)) + "y = 2\n"
     line = _header_of_each_line(text)
