@@ -87,10 +87,37 @@ def question_parts(question: str) -> tuple[str, ...]:
     """What the embedder compares each passage with: the question, then each of its
     sentences and lines when it has several. Why: one embedding of "When was it founded?
     Where is it based? Who runs it?" sits between its parts and near none of their answers;
-    a passage scores its best match (`combine_questions`)."""
+    a passage scores its best match (`combine_questions`).
+
+    Instructions on the answer's form closing the question ("Answer briefly.", "Answer with
+    that routine alone.", "Please reply in one word."; `answers_form`), after its last
+    sentence that asks ("?"), are left out, of the whole too: as a part of its own such a
+    sentence ranks its own best passages first, and they match it, not the question."""
     whole = question.strip()
     parts = split_sentences(whole)
+    asked = [i for i, p in enumerate(parts) if p.endswith("?")]
+    keep = len(parts)
+    while asked and keep - 1 > asked[-1] and answers_form(parts[keep - 1]):
+        keep -= 1
+    if keep < len(parts):
+        parts = parts[:keep]
+        end = 0
+        for p in parts:  # the parts are stripped pieces of the text, in order
+            end = whole.index(p, end) + len(p)
+        whole = whole[:end]
     return (whole,) if len(parts) < 2 else (whole, *parts)
+
+
+FORM_VERBS = frozenset({"answer", "reply", "respond"})
+
+
+def answers_form(sentence: str) -> bool:
+    """A sentence that says how to answer, not what: it opens (after an optional "please")
+    with "answer", "reply" or "respond". "Tell me its owner." asks for more and is not one."""
+    words = sentence.lower().split(maxsplit=2)
+    if words[:1] == ["please"]:
+        words = words[1:]
+    return bool(words) and words[0].strip(",.:;!") in FORM_VERBS
 
 
 def combine_questions(sims: np.ndarray) -> np.ndarray:

@@ -184,13 +184,30 @@ def test_mix_refuses_gains_that_do_not_match_the_passages():
 def test_a_question_of_several_sentences_is_compared_whole_and_part_by_part():
     one = "What amount is held back against possible harm to the property?"
     assert question_parts(one) == (one,)
-    many = "About the firm: When was it founded? Where is it based?\nAnswer briefly."
+    many = "About the firm: When was it founded? Where is it based?\nTell me its owner."
     assert question_parts(many) == (
         many,
         "About the firm: When was it founded?",
         "Where is it based?",
-        "Answer briefly.",
+        "Tell me its owner.",
     )
+    requests = "List the founders.\nGive the headcount."  # nothing asks with "?": all parts
+    assert question_parts(requests) == (requests, "List the founders.", "Give the headcount.")
+
+
+def test_an_instruction_after_the_question_is_not_compared():
+    asked = "Which routine shown above converts hue into red? Answer with that routine alone."
+    assert question_parts(asked) == ("Which routine shown above converts hue into red?",)
+    many = "About the firm: When was it founded? Where is it based?\nAnswer briefly."
+    assert question_parts(many) == (
+        "About the firm: When was it founded? Where is it based?",
+        "About the firm: When was it founded?",
+        "Where is it based?",
+    )
+    twice = "Is it red? Is it red? Please reply: yes or no."  # cut after the last "?"
+    assert question_parts(twice) == ("Is it red? Is it red?", "Is it red?", "Is it red?")
+    alone = "Answer briefly."  # nothing asks: nothing is left out
+    assert question_parts(alone) == (alone,)
 
 
 def test_each_question_part_ranks_its_own_best_passage_first():
