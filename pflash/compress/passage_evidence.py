@@ -28,7 +28,8 @@ Two pure steps around the drafter call:
    `score = (1 - sum w) * attention + sum_k w_k * signal_k`. Tokens from the question on keep
    their attention scores (they are mandatory). Before the mix: each signal on one scale
    (`part_shares`), the entity the best passages name is followed for all of them
-   (`entity_feedback`), and per signal code headers are lifted, and with
+   (`entity_feedback`), and per signal code blocks (`code_blocks`, the embedder's scores for
+   each function read whole) and code headers are lifted, and with
    `select_passage_cuts` the parts of one sentence share its best score (`whole_sentences`);
    selection then cuts its candidates at the passages (`passage_cuts`).
 """
