@@ -112,6 +112,57 @@ RUNTIME_FAILURES: dict[str, tuple[int, str, str, str]] = {
         "replica_unavailable",
         "a model replica died, retry",
     ),
+    # Ray's own transient failures: a result lost with the worker that held it, a worker
+    # or node gone, the object store full, the memory monitor's kill. None is a bug in the
+    # request; each is retryable, so none may reach the client as a 500.
+    "ObjectLostError": (
+        503,
+        "service_unavailable",
+        "replica_unavailable",
+        "a result was lost in the serving runtime, retry",
+    ),
+    "WorkerCrashedError": (
+        503,
+        "service_unavailable",
+        "replica_unavailable",
+        "a model replica died, retry",
+    ),
+    "NodeDiedError": (
+        503,
+        "service_unavailable",
+        "replica_unavailable",
+        "a node of the cluster died, retry",
+    ),
+    "LocalRayletDiedError": (
+        503,
+        "service_unavailable",
+        "replica_unavailable",
+        "a node of the cluster died, retry",
+    ),
+    "RaySystemError": (
+        503,
+        "service_unavailable",
+        "replica_unavailable",
+        "a transient failure of the serving runtime, retry",
+    ),
+    "ObjectStoreFullError": (
+        503,
+        "overloaded_error",
+        "backpressure",
+        "server overloaded, retry later",
+    ),
+    "PendingCallsLimitExceeded": (
+        503,
+        "overloaded_error",
+        "backpressure",
+        "server overloaded, retry later",
+    ),
+    "OutOfMemoryError": (
+        503,
+        "overloaded_error",
+        "out_of_memory",
+        "a model replica ran out of memory, retry later",
+    ),
     "TimeoutError": (504, "timeout_error", "timeout", "timed out"),
 }
 

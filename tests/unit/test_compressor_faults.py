@@ -104,6 +104,45 @@ def test_an_overloaded_drafter_is_a_503_not_a_500(smollm2_tokenizer):
     assert info.value.code == "pflash_drafter_backpressure"
 
 
+def _ray_transients():
+    """Ray's own transient failures, as Ray raises them (the real classes)."""
+    from ray import exceptions as rx
+
+    ref = "ab" * 14
+    return [
+        rx.ObjectLostError(ref, None, ""),
+        rx.OwnerDiedError(ref, None, ""),
+        rx.ObjectFetchTimedOutError(ref, None, ""),
+        rx.WorkerCrashedError(),
+        rx.NodeDiedError("node 10.0.0.7 died"),
+        rx.LocalRayletDiedError(),
+        rx.RaySystemError("object store connection closed"),
+        rx.ObjectStoreFullError("object store full"),
+        rx.PendingCallsLimitExceeded("too many pending calls"),
+        rx.OutOfMemoryError("the memory monitor killed the worker"),
+        rx.ActorUnavailableError("actor restarting", None),
+        rx.GetTimeoutError("get timed out"),
+    ]
+
+
+@pytest.mark.parametrize("exc", _ray_transients(), ids=lambda e: type(e).__name__)
+def test_a_transient_ray_failure_at_the_drafter_is_retryable_not_a_500(smollm2_tokenizer, exc):
+    with pytest.raises(StageUnavailable) as info:
+        _run(_failing_scorer(exc), None, smollm2_tokenizer)
+    status, body = api.error_response(info.value)
+    assert status in (503, 504) and info.value.stage == "drafter"
+    assert body["error"]["code"].startswith("pflash_drafter_")
+    assert "ab" * 14 not in api.public_message(info.value)  # the runtime's ids stay inside
+
+
+@pytest.mark.parametrize("exc", _ray_transients(), ids=lambda e: type(e).__name__)
+def test_a_transient_ray_failure_anywhere_else_is_a_503_or_504_in_the_envelope(exc):
+    status, body = api.error_response(exc)
+    assert status in (503, 504)
+    assert body["error"]["type"] in ("service_unavailable", "overloaded_error", "timeout_error")
+    assert "ab" * 14 not in api.public_message(exc)
+
+
 def test_a_drafter_bug_stays_a_500_naming_the_drafter(smollm2_tokenizer):
     with pytest.raises(CompressionFailed) as info:
         _run(_failing_scorer(KeyError("tap")), None, smollm2_tokenizer)
