@@ -303,11 +303,12 @@ class ViewsConfig(Component):
         2.0, gt=0, description="Recall a segment when its attention lift is at least this."
     )
     chat_compress_new_tokens: int = Field(
-        512,
+        256,
         ge=1,
         description=(
             "Compress a turn's new material (a tool output, a paste) into the view when it has"
-            " at least this many target tokens; smaller additions are appended verbatim."
+            " at least this many target tokens; smaller additions (a segment or two) are"
+            " appended verbatim and read ahead."
         ),
     )
     chat_read_ahead: bool = Field(

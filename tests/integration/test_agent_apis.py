@@ -272,7 +272,8 @@ def test_small_tool_results_are_read_ahead_so_the_next_question_scores_only_itse
     (read-ahead), so the question after them resumes the session past them and scores only
     its own tokens instead of theirs too."""
     licence = Path("/usr/share/common-licenses")
-    outputs = [(licence / "BSD").read_text()[:900], (licence / "Artistic").read_text()[:900]]
+    # ~120 tokens each, with the tool call ~160 new tokens a step: under the default (256)
+    outputs = [(licence / "BSD").read_text()[:500], (licence / "Artistic").read_text()[:500]]
     question = "What does the first file say about warranties?"
     steps = _agent_session(claude, 3000, outputs, question, "agent-8")
     first, *tools, question = steps
@@ -283,7 +284,7 @@ def test_small_tool_results_are_read_ahead_so_the_next_question_scores_only_itse
     # a question in other words recalls what the fresh selection keeps: often a rebuild
     assert question["view"]["mode"] in ("continue", "rebuild"), question["view"]
     added = question["drafter_input_tokens"] - first["drafter_input_tokens"]
-    assert added > 400  # the two results and the question
+    assert added > 250  # the two results and the question
     assert question["scorer_resume"] >= first["drafter_input_tokens"] + added - 64
     assert question["scorer_new_tokens"] < 64  # its own tokens: the results were read ahead
 

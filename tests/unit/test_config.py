@@ -45,7 +45,7 @@ def test_product_defaults_are_strict_selection_with_auto_mode():
     assert cfg.select_query_tokens == 8
     assert cfg.chat_view is True and cfg.chat_recall is True
     assert cfg.chat_recall_min_lift == 2.0
-    assert cfg.chat_compress_new_tokens == 512
+    assert cfg.chat_compress_new_tokens == 256
     assert cfg.drafter_sessions == 2
     assert cfg.chat_skeleton_tokens == 256
     assert cfg.chat_history_queries == 3
@@ -260,7 +260,7 @@ LAYOUT = {
         "chat_view": True,
         "chat_recall": True,
         "chat_recall_min_lift": 2.0,
-        "chat_compress_new_tokens": 512,
+        "chat_compress_new_tokens": 256,
         "chat_read_ahead": True,
         "view_capacity": 1024,
         "view_ttl_s": 3600.0,
