@@ -1,6 +1,6 @@
 """Multi-turn TTFT through the HTTP API: full prefill vs PFlash with and without views.
 
-    python -m pflash_lab.bench.multiturn [--chars 26000] [--keep 0.1] [--turns 3]
+    python -m pflash_lab.bench.multiturn [--chars 26000] [--keep 0.1] [--turns 3] [--views-only]
 
 One Ray cluster, three applications built from serve_config.yaml: `views` (the default:
 views and drafter sessions on), `noview` (`chat_view: false`: a fresh compression every
@@ -11,6 +11,8 @@ TTFT for (a) full prefill with the target's prefix snapshots (`pflash_mode=off`)
 with views, (c) PFlash with `chat_view: false`; the drafter forward per turn with and without
 sessions; the view mode and the tokens recalled. Each pass uses its own document header so
 no pass reuses another's caches. The machine is shared: read ratios, not absolute times.
+`--views-only` runs the `views` app alone at serve_config's CPU shares, as a user runs it:
+the full prompt against PFlash with views, without the other two apps on the same cores.
 """
 
 from __future__ import annotations
@@ -87,16 +89,25 @@ def conversation(client, doc: str, turns: int, mode: str, keep: float) -> list[d
     return rows
 
 
-def build_config(work: Path, port: int, keep: float) -> Path:
+VARIANTS = {"views": {}, "noview": {"chat_view": False}, "nosession": {"drafter_sessions": 0}}
+
+
+def build_config(
+    work: Path, port: int, keep: float, apps: tuple[str, ...] = tuple(VARIANTS)
+) -> Path:
+    """serve_config.yaml with one application per name in `apps` (`VARIANTS`). Alone, the
+    `views` app keeps serve_config's CPU shares, as a user runs it; three apps must fit on
+    2 CPUs, so each of their deployments gets 0.2, and every replica of the three shares the
+    two cores (a third turn's drafter forward over 30 new tokens at 5.7K: 264 ms with the
+    three apps, 110-115 ms alone; 6 Dec 2026)."""
     cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     cfg["http_options"]["port"] = port
     base = cfg["applications"][0]
     base["args"].update(threshold=1_000_000, keep_ratio=keep)
-    for dep in base["deployments"]:
-        # 3 apps must fit on 2 CPUs
-        dep["ray_actor_options"]["num_cpus"] = 0.05 if dep["name"] == "SegmentProbe" else 0.2
-    variants = {"views": {}, "noview": {"chat_view": False}, "nosession": {"drafter_sessions": 0}}
-    return write_app_variants(cfg, variants, work)
+    if len(apps) > 1:
+        for dep in base["deployments"]:
+            dep["ray_actor_options"]["num_cpus"] = 0.05 if dep["name"] == "SegmentProbe" else 0.2
+    return write_app_variants(cfg, {name: VARIANTS[name] for name in apps}, work)
 
 
 def write_app_variants(cfg: dict, variants: dict[str, dict], work: Path, index: int = 0) -> Path:
@@ -125,25 +136,35 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--keep", type=float, default=0.1)
     parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument(
+        "--views-only",
+        action="store_true",
+        help="one app (views on) at serve_config's CPU shares: the full prompt and PFlash only",
+    )
     args = parser.parse_args(argv)
+    apps = ("views",) if args.views_only else tuple(VARIANTS)
     work = scratch_dir("pflash-mt-")
     port = free_port()
-    cluster = ServeCluster(build_config(work, port, args.keep), work)
+    cluster = ServeCluster(build_config(work, port, args.keep, apps), work)
     base = f"http://127.0.0.1:{port}"
     ping = {"prompt": "Hi", "max_tokens": 1, "pflash_mode": "off"}
     cluster.start(f"{base}/views/v1/completions", ping, timeout_s=600)
     results = {}
     try:
-        for app in ("noview", "nosession"):  # wait for the other two apps
+        for app in apps[1:]:  # wait for the other apps
             client = OpenAI(base_url=f"{base}/{app}/v1", api_key="x", max_retries=30, timeout=900)
             client.completions.create(
                 model="pflash", prompt="Hi", max_tokens=1, extra_body={"pflash_mode": "off"}
             )
-        passes = (
-            ("full prefill (prefix cache)", "views", "off"),
-            ("PFlash + views", "views", "always"),
-            ("PFlash, chat_view false", "noview", "always"),
-            ("PFlash + views, no drafter sessions", "nosession", "always"),
+        passes = tuple(
+            p
+            for p in (
+                ("full prefill (prefix cache)", "views", "off"),
+                ("PFlash + views", "views", "always"),
+                ("PFlash, chat_view false", "noview", "always"),
+                ("PFlash + views, no drafter sessions", "nosession", "always"),
+            )
+            if p[1] in apps
         )
         for i, (label, app, mode) in enumerate(passes):
             client = OpenAI(base_url=f"{base}/{app}/v1", api_key="x", max_retries=0, timeout=900)
