@@ -100,31 +100,33 @@ def conversation(doc: str) -> list[list[dict]]:
     return chats
 
 
-def run_length(length: int, parts: dict) -> list[Step]:
-    """Every step of one conversation of `length` document tokens."""
-    from pflash import api
-    from pflash.compress.encoding_memo import EncodingMemo
-    from pflash.compressor import (
-        Compressor,
-        LocalProbe,
-        LocalStore,
-        compression_request,
-        local_scorer,
-        render_request,
-    )
+def in_process_flow(parts: dict, max_context: int = 1 << 20):
+    """The server's `Compressor` over `parts` (`load_parts`) in this process: the drafter
+    and probe called directly, its own view store. `max_context` defaults to one no served
+    view is ever cut to (these benches measure the flow, not a target's context)."""
+    from pflash.compressor import Compressor, LocalProbe, LocalStore, local_scorer
     from pflash.views.adaptive import AdaptiveKeep
     from pflash.views.store import ViewStore
 
-    config, tokenizer = parts["config"], parts["tokenizer"]
-    probe = parts["probe"]
-    flow = Compressor(
+    config, tokenizer, probe = parts["config"], parts["tokenizer"], parts["probe"]
+    return Compressor(
         target_tokenizer=tokenizer,
         drafter_tokenizer=tokenizer,
         scorer=local_scorer(parts["scorer"]),
         probe=LocalProbe(probe) if probe is not None else None,
         store=LocalStore(ViewStore.from_config(config), AdaptiveKeep.from_config(config)),
-        max_context=1 << 20,  # a speed measurement: the served view is never cut to a context
+        max_context=max_context,
     )
+
+
+def run_length(length: int, parts: dict) -> list[Step]:
+    """Every step of one conversation of `length` document tokens."""
+    from pflash import api
+    from pflash.compress.encoding_memo import EncodingMemo
+    from pflash.compressor import compression_request, render_request
+
+    config, tokenizer = parts["config"], parts["tokenizer"]
+    flow = in_process_flow(parts)
     memo = EncodingMemo()  # the ingress's, one per replica
     out = []
     for i, messages in enumerate(conversation(document(tokenizer, length))):
@@ -156,8 +158,9 @@ def run_length(length: int, parts: dict) -> list[Step]:
     return out
 
 
-def load_parts() -> dict:
-    """serve_config.yaml's args with `mode: always`, the embedded drafter as the scorer."""
+def load_parts(overrides: dict | None = None) -> dict:
+    """serve_config.yaml's args with `mode: always` (and `overrides`), the embedded drafter
+    as the scorer."""
     from pflash.cli.compress import load_drafter
     from pflash.config import build_config
     from pflash.models.drafter.scorer import DrafterScorer
@@ -165,7 +168,7 @@ def load_parts() -> dict:
     from pflash.models.source import load_tokenizer
 
     args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
-    config = build_config({**args, "mode": "always"}, env={})
+    config = build_config({**args, "mode": "always", **(overrides or {})}, env={})
     scorer = DrafterScorer(config, load_drafter(config.drafter))
     return {
         "config": config,
