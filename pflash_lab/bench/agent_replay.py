@@ -116,13 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     for seed in args.seeds:
         for length in args.lengths:
             trace = agent_trace.generate(count, length, seed, args.question_every)
-            rows += replay(trace, parts)
-            print(
-                json.dumps(
-                    summary([r for r in rows if r["length"] == length and r["seed"] == seed])
-                ),
-                flush=True,
-            )
+            session = replay(trace, parts)
+            rows += session
+            print(json.dumps(summary(session)), flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     print(json.dumps(summary(rows), indent=1))
