@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -178,3 +180,42 @@ def test_map_span_refuses_different_texts(smollm2_tokenizer):
             encode_as_written_with_offsets(smollm2_tokenizer, "a b"),
             encode_as_written_with_offsets(smollm2_tokenizer, "a c"),
         )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain words and 42 numbers",
+        "héllo wörld 😀 — naïve café <|im_start|>user\nhi<|im_end|>\n  trailing  ",
+        "<|im_start|>system\n\tindented\r\n<|endoftext|>",
+    ],
+)
+def test_decoding_through_the_fast_tokenizer_gives_the_text_transformers_decode_gives(
+    smollm2_tokenizer, text
+):
+    """decode_ids asks the Rust tokenizer directly; the text must be exactly what
+    transformers' own decode (no cleanup, special tokens kept) gives, ids as ints or numpy."""
+    import numpy as np
+
+    ids = smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
+    expected = smollm2_tokenizer.decode(
+        ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
+    assert decode_ids(smollm2_tokenizer, tuple(ids)) == expected
+    assert decode_ids(smollm2_tokenizer, np.asarray(ids, dtype=np.int64)) == expected
+    assert decode_ids(smollm2_tokenizer, ids[3:7]) == smollm2_tokenizer.decode(
+        ids[3:7], skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
+
+
+def test_a_tokenizer_with_its_own_decode_keeps_it(smollm2_tokenizer):
+    """A subclass that overrides decode is not bypassed."""
+
+    class Shouting(type(smollm2_tokenizer)):
+        def decode(self, ids, **kwargs):
+            return super().decode(ids, **kwargs).upper()
+
+    tok = copy.copy(smollm2_tokenizer)
+    tok.__class__ = Shouting
+    ids = smollm2_tokenizer("quiet words", add_special_tokens=False)["input_ids"]
+    assert decode_ids(tok, ids) == "QUIET WORDS"
