@@ -359,6 +359,16 @@ class Ingress:
         """OpenAI Responses, served by the chat flow (`pflash.api.responses_api`)."""
         return await self._serve(request, "chat", api.responses_api.EDGE)
 
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(self, request: Request):
+        """Anthropic's token count (`pflash.api.messages.COUNT`)."""
+        return await self._count(_with_api_key(request), api.messages.COUNT)
+
+    @app.post("/v1/responses/input_tokens")
+    async def count_response_tokens(self, request: Request):
+        """The Responses API's token count (`pflash.api.responses_api.COUNT`)."""
+        return await self._count(request, api.responses_api.COUNT)
+
     # ------------------------------------------------------------------ request flow
     def _authorize(self, request: Request) -> Tenant:
         """The request's tenant (`pflash.tenants.tenant_for`); a 401 when keys do not match."""
@@ -366,7 +376,7 @@ class Ingress:
         forwarded = ",".join(request.headers.getlist("x-forwarded-for"))
         return tenant_for(self.tenants, request.headers.get("authorization"), peer, forwarded)
 
-    def _admit(self, body: bytes, kind: str, edge: api.Edge | None = None):
+    def _admit(self, body: bytes, kind: str, edge: api.Edge | api.Counter | None = None):
         """Parse and validate the body (an `edge` API's as its chat request), apply the
         request's overrides and the output cap, and refuse a prompt certain to exceed
         `max_prompt_tokens` before it is rendered: (the edge exchange or None, the request,
@@ -385,6 +395,56 @@ class Ingress:
         check_prompt_bound(req, kind, self.token_bound, config.max_prompt_tokens)
         return exchange, req, config, params
 
+    async def _read(self, request: Request) -> tuple[Tenant, bytes]:
+        """The request's tenant and its body, within the body's size and time limits."""
+        tenant = self._authorize(request)
+        trace_tenant(tenant.id)  # this request's task: its trace lines name it
+        body = await read_body(
+            request.stream(),
+            limit=self.config.max_body_bytes,
+            timeout_s=self.config.body_read_timeout_s,
+            declared=request.headers.get("content-length"),
+            disconnect=(ClientDisconnect,),
+        )
+        return tenant, body
+
+    async def _accept(self, request: Request, kind: str, edge: api.Edge | api.Counter | None):
+        """auth → body → parse → render: (tenant, edge exchange or None, request, its config,
+        its sampling parameters, the rendered prompt). Raises the client's mistakes (4xx)
+        before any model runs."""
+        tenant, body = await self._read(request)
+        if len(body) > PARSE_INLINE_BYTES:  # a large body is parsed off the event loop
+            exchange, req, config, params = await asyncio.to_thread(self._admit, body, kind, edge)
+        else:
+            exchange, req, config, params = self._admit(body, kind, edge)
+        check_return_prompt(tenant, req.pflash_return_prompt)
+        prompt = await asyncio.to_thread(
+            render_request,
+            req,
+            kind,
+            self.target_tokenizer,
+            memo=self.encodings,
+            scope=tenant.id,
+        )
+        check_prompt_limit(prompt, config)
+        return tenant, exchange, req, config, params, prompt
+
+    async def _count(self, request: Request, counter: api.Counter) -> JSONResponse:
+        """The prompt's token count in the API's shape: no model runs. The count is what the
+        chat flow would be given (the same render, the same encoding memo, so a count warms
+        the request that follows it), accepted and refused as that request would be (a
+        prompt over `max_prompt_tokens` is the same 400)."""
+        rid = "req-" + uuid.uuid4().hex[:16]
+        try:
+            *_, prompt = await self._accept(request, "chat", counter)
+        except Exception as exc:  # validation and rendering errors: 4xx before any model runs
+            self.metrics.record("pflash_errors", stage="request")
+            return error_json(exc, rid, counter.edge)
+        headers = {"x-pflash-replica": self.replica, "x-request-id": rid}
+        if counter.edge.id_header:
+            headers[counter.edge.id_header] = rid
+        return JSONResponse(counter.answer(len(prompt.ids)), headers=headers)
+
     async def _serve(self, request: Request, kind: str, edge: api.Edge | None = None):
         """auth → parse → render → compress → stream (or one response), within the
         server's deadline (`request_timeout_s`, whatever the client's headers say). An
@@ -392,33 +452,8 @@ class Ingress:
         back (`pflash.api.edge`)."""
         started = time.perf_counter()
         rid = "req-" + uuid.uuid4().hex[:16]
-        exchange = None
         try:
-            tenant = self._authorize(request)
-            trace_tenant(tenant.id)  # this request's task: its trace lines name it
-            body = await read_body(
-                request.stream(),
-                limit=self.config.max_body_bytes,
-                timeout_s=self.config.body_read_timeout_s,
-                declared=request.headers.get("content-length"),
-                disconnect=(ClientDisconnect,),
-            )
-            if len(body) > PARSE_INLINE_BYTES:  # a large body is parsed off the event loop
-                exchange, req, config, params = await asyncio.to_thread(
-                    self._admit, body, kind, edge
-                )
-            else:
-                exchange, req, config, params = self._admit(body, kind, edge)
-            check_return_prompt(tenant, req.pflash_return_prompt)
-            prompt = await asyncio.to_thread(
-                render_request,
-                req,
-                kind,
-                self.target_tokenizer,
-                memo=self.encodings,
-                scope=tenant.id,
-            )
-            check_prompt_limit(prompt, config)
+            tenant, exchange, req, config, params, prompt = await self._accept(request, kind, edge)
         except Exception as exc:  # validation and rendering errors: 4xx before any model runs
             self.metrics.record("pflash_errors", stage="request")
             return error_json(exc, rid, edge)

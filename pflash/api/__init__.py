@@ -9,7 +9,15 @@ names are its public surface."""
 from __future__ import annotations
 
 from pflash.api import messages, responses_api
-from pflash.api.edge import ChatStreamItem, Edge, Exchange, StreamError, chat_frames
+from pflash.api.edge import (
+    ChatStreamItem,
+    Counted,
+    Counter,
+    Edge,
+    Exchange,
+    StreamError,
+    chat_frames,
+)
 from pflash.api.envelope import (
     SSE_DONE,
     SSE_KEEPALIVE,
@@ -71,6 +79,8 @@ __all__ = [
     "messages",
     "responses_api",
     "ChatStreamItem",
+    "Counted",
+    "Counter",
     "Edge",
     "Exchange",
     "StreamError",

@@ -70,6 +70,30 @@ class Edge(Protocol):
         """The OpenAI error body of a `status` response in this API's own shape."""
 
 
+@dataclass(frozen=True)
+class Counted:
+    """A token-count request of an edge API, parsed: the chat request whose prompt is counted
+    (it renders exactly as the API's own request with the same conversation would)."""
+
+    chat: ChatCompletionRequest
+
+
+class Counter(Protocol):
+    """A token-counting endpoint of an edge API (`/v1/messages/count_tokens`,
+    `/v1/responses/input_tokens`). Agent clients call it to decide when to compact their
+    context; the count is the rendered prompt before compression, the same number the API's
+    usage reports for that conversation. `edge` shapes its errors and names its request-id
+    header."""
+
+    edge: Edge
+
+    def parse(self, body: bytes | str | Mapping[str, Any]) -> Counted:
+        """The request as the chat request it would run as; `InvalidRequest` (a 400)."""
+
+    def answer(self, input_tokens: int) -> dict[str, Any]:
+        """The API's body for a count."""
+
+
 async def chat_frames(items: AsyncIterator[ChatStreamItem]) -> AsyncIterator[str]:
     """Chat completions' own framing: each chunk a `data:` event, an error in-band, then
     `[DONE]`."""

@@ -15,9 +15,9 @@ Families, each a way real clients and attackers get requests wrong:
   it must answer 200 with the markers read as text);
 - **odd identifiers**: non-ASCII, control characters, CR/LF and overlong values in
   `session_id`, `user`, `model`, tool names and tool call ids;
-- **edge APIs**: Anthropic Messages and OpenAI Responses bodies with a field replaced,
-  removed or of a kind the server refuses (images, `previous_response_id`), answered in each
-  API's own error shape;
+- **edge APIs**: Anthropic Messages and OpenAI Responses bodies, to each API's endpoint or to
+  its token count, with a field replaced, removed or of a kind the server refuses (images,
+  `previous_response_id`), answered in each API's own error shape;
 - **forwarded for**: a valid chat carrying `X-Forwarded-For` values a client can forge
   (other addresses, garbage, thousands of hops), which must never be a 5xx.
 
@@ -517,6 +517,11 @@ def _responses(**extra) -> dict:
             **extra}  # fmt: skip
 
 
+# each API's token-count endpoint reads the same conversation (generation fields ignored)
+COUNT_PATHS = {"/v1/messages": "/v1/messages/count_tokens",
+               "/v1/responses": "/v1/responses/input_tokens"}  # fmt: skip
+
+
 @st.composite
 def edge_apis(draw) -> BadRequest:
     messages = draw(st.booleans())
@@ -525,11 +530,14 @@ def edge_apis(draw) -> BadRequest:
         if messages
         else (_responses(), RESPONSES_FIELDS, "/v1/responses")
     )
+    count = draw(st.booleans())
     how = draw(st.sampled_from(["value", "drop", "refused", "raw"]))
     if how == "refused":
         path, extra = draw(st.sampled_from(EDGE_REFUSED))
         body = (_messages if path == "/v1/messages" else _responses)(**extra)
+        path = COUNT_PATHS[path] if count else path
         return BadRequest("POST", path, _encode(body), family="edge_refused")
+    path = COUNT_PATHS[path] if count else path
     if how == "raw":
         return BadRequest("POST", path, draw(st.sampled_from(RAW_BODIES)), family="edge_raw")
     key = draw(st.sampled_from(fields))

@@ -38,6 +38,7 @@ ANTHROPIC_TOOL = {
 RESPONSES_TOOL = {"type": "function", **tool_chat.WEATHER_TOOL["function"]}
 # the anthropic SDK (2.x) has no sampling parameters: greedy decoding goes in the body
 GREEDY = {"temperature": 0}
+COUNTS = ("/v1/messages/count_tokens", "/v1/responses/input_tokens")
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +144,13 @@ def test_a_tool_use_answer_and_a_tool_result_turn(claude):
     assert message.stop_reason == "tool_use", message
     (call,) = [b for b in message.content if b.type == "tool_use"]
     assert (call.name, call.input) == ("get_weather", {"city": "Paris"})
+    # count_tokens, as Claude Code calls it (the beta path, `?beta=true`) and as the SDK's
+    # plain method does: the prompt this request rendered
+    prompt = message.usage.input_tokens + message.usage.cache_read_input_tokens
+    conversation = {"system": blocks, "messages": messages, "tools": [ANTHROPIC_TOOL]}
+    assert claude.messages.count_tokens(model="pflash", **conversation).input_tokens == prompt
+    beta = claude.beta.messages.count_tokens(model="pflash", **conversation)
+    assert beta.input_tokens == prompt
 
     follow = claude.messages.create(
         model="pflash",
@@ -204,6 +212,13 @@ def test_a_long_document_is_compressed_through_messages(claude):
     assert 0 < stats["compressed_tokens"] < 0.5 * original
     assert stats["drafter_input_tokens"] == original
     assert NEEDLE in message.model_extra["pflash_prompt"]
+    # the count is the client's prompt before compression: what its context holds
+    counted = claude.messages.count_tokens(
+        model="pflash",
+        messages=[{"role": "user", "content": _document(5000) + "\n\n" + QUESTION}],
+        extra_body={"pflash_mode": "always"},
+    )
+    assert counted.input_tokens == original
 
 
 def _agent_session(claude, document: int, outputs: list[str], question: str, session: str):
@@ -335,6 +350,13 @@ def test_a_function_call_round_trip_through_responses(openai_client):
     )
     (call,) = [item for item in response.output if item.type == "function_call"]
     assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
+    counted = openai_client.responses.input_tokens.count(
+        model="pflash", instructions=system["content"], input=messages, tools=[RESPONSES_TOOL]
+    )
+    assert (counted.object, counted.input_tokens) == (
+        "response.input_tokens",
+        response.usage.input_tokens,
+    )
 
     follow = openai_client.responses.create(
         model="pflash",
@@ -489,15 +511,30 @@ def test_bad_messages_requests_are_4xx_in_anthropics_shape(server):
     assert "max_tokens" in _anthropic_error(r, 400, "invalid_request_error")["message"]
 
 
-def test_bad_responses_requests_are_4xx_in_the_openai_envelope(server):
-    url = f"{server}/v1/responses"
+def test_bad_token_counts_are_4xx_in_each_apis_shape(server):
+    count = f"{server}/v1/messages/count_tokens"
+    key = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
+    ok = {"model": "pflash", "messages": [{"role": "user", "content": "Hi"}]}
+    _anthropic_error(httpx.post(count, json=ok, timeout=60), 401, "authentication_error")
+    image = {**ok, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}
+    r = httpx.post(count, json=image, headers=key, timeout=60)
+    assert "'image'" in _anthropic_error(r, 400, "invalid_request_error")["message"]
+    r = httpx.post(count, json={**ok, "model": "claude-x"}, headers=key, timeout=60)
+    _anthropic_error(r, 404, "not_found_error")
+    r = httpx.post(count, json=ok, headers=key, timeout=60)
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0
+    assert r.headers["request-id"].startswith("req-")
+
     cases = [
-        ({"input": "Hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "Hi", "conversation": "conv_1"}, "conversation"),
         ({"input": [{"type": "input_image_call"}]}, "input[0]"),
-        ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
-        ({"input": "Hi", "pflash_mode": "sometimes"}, "pflash_mode"),
-        ({"input": "Hi", "max_output_tokens": "5"}, "max_output_tokens"),
+        ({}, "input"),
     ]
+    _openai_errors(f"{server}/v1/responses/input_tokens", cases)
+
+
+def _openai_errors(url: str, cases: list[tuple[dict, str]]) -> None:
+    """Each body is a 400 naming its param in the OpenAI envelope; no key is a 401."""
     for body, param in cases:
         r = httpx.post(url, json=body, headers=AUTH, timeout=60)
         assert r.status_code == 400, (body, r.text)
@@ -507,11 +544,23 @@ def test_bad_responses_requests_are_4xx_in_the_openai_envelope(server):
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
 
 
+def test_bad_responses_requests_are_4xx_in_the_openai_envelope(server):
+    url = f"{server}/v1/responses"
+    cases = [
+        ({"input": "Hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": [{"type": "input_image_call"}]}, "input[0]"),
+        ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "Hi", "pflash_mode": "sometimes"}, "pflash_mode"),
+        ({"input": "Hi", "max_output_tokens": "5"}, "max_output_tokens"),
+    ]
+    _openai_errors(url, cases)
+
+
 @pytest.mark.parametrize(
     "body",
     [b"", b"[]", b"null", b'{"messages": "x"}', b'{"input": 5}', b'{"model": 5}', "\ud800".encode("utf-8", "surrogatepass")],
 )  # fmt: skip
 def test_junk_bodies_are_never_a_5xx_on_either_api(server, body):
-    for path in ("/v1/messages", "/v1/responses"):
+    for path in ("/v1/messages", "/v1/responses", *COUNTS):
         r = httpx.post(f"{server}{path}", content=body, headers=AUTH, timeout=60)
         assert 400 <= r.status_code < 500, (path, body, r.status_code, r.text)

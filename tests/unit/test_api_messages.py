@@ -22,7 +22,7 @@ from pflash.api import (
     error_response,
     with_index,
 )
-from pflash.api.messages import EDGE
+from pflash.api.messages import COUNT, EDGE
 from pflash.errors import InvalidRequest, ModelNotFound
 from pflash.models.target.protocol import GenerationTimings
 
@@ -116,6 +116,50 @@ def test_a_tool_conversation_becomes_chat_messages_in_block_order():
             },
         }
     ]
+
+
+def test_a_count_renders_the_prompt_the_same_messages_request_renders():
+    """`count_tokens` takes the conversation without `max_tokens`; what renders (messages,
+    tools, the tool choice, PFlash fields) is what the Messages request runs as."""
+    conversation = {
+        "model": "pflash",
+        "system": "Be brief.",
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "18 C"}]},
+        ],
+        "tools": [WEATHER],
+        "tool_choice": {"type": "any"},
+        "pflash_mode": "always",
+        "thinking": {"type": "enabled", "budget_tokens": 1024},  # accepted, ignored
+    }  # fmt: skip
+    counted = COUNT.parse(json.dumps(conversation)).chat
+    served = EDGE.parse({**conversation, "max_tokens": 64, "temperature": 0.3}).chat
+    assert counted.template_messages() == served.template_messages()
+    assert counted.template_tools() == served.template_tools()
+    assert (counted.tool_choice, counted.pflash_mode) == (served.tool_choice, "always")
+    assert (
+        anthropic.types.MessageTokensCount.model_validate(COUNT.answer(1234)).input_tokens == 1234
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0]"),
+        ({"messages": [{"role": "user", "content": "Hi"}], "pflash_mode": "sometimes"}, "pflash_mode"),
+        ({"model": "pflash"}, "messages"),
+    ],
+)  # fmt: skip
+def test_a_bad_count_is_a_400_in_anthropics_shape(body, param):
+    with pytest.raises(InvalidRequest) as err:
+        COUNT.parse({"model": "pflash", **body})
+    assert (err.value.http_status, err.value.param) == (400, param)
+    shaped = COUNT.edge.error(*error_response(err.value))
+    assert shaped["type"] == "error" and shaped["error"]["type"] == "invalid_request_error"
+    assert COUNT.edge.id_header == "request-id"
 
 
 def test_an_assistant_turn_of_only_tool_use_has_no_content():

@@ -22,7 +22,7 @@ from pflash.api import (
     error_response,
     with_index,
 )
-from pflash.api.responses_api import EDGE
+from pflash.api.responses_api import COUNT, EDGE
 from pflash.errors import InvalidRequest
 from pflash.models.target.protocol import GenerationTimings
 
@@ -101,6 +101,38 @@ def test_a_function_call_round_trip_becomes_chat_tool_messages():
         }
     ]
     assert chat.callable_tools() == frozenset({"get_weather"})
+
+
+def test_a_count_renders_the_prompt_the_same_responses_request_renders():
+    """`input_tokens` takes the conversation; what renders is what `/v1/responses` runs."""
+    conversation = {
+        "model": "pflash",
+        "instructions": "Be brief.",
+        "input": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "18 C"},
+        ],
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "session_id": "s-1",
+    }  # fmt: skip
+    counted = COUNT.parse(json.dumps(conversation)).chat
+    served = EDGE.parse({**conversation, "max_output_tokens": 64, "stream": True}).chat
+    assert counted.template_messages() == served.template_messages()
+    assert counted.template_tools() == served.template_tools()
+    assert (counted.tool_choice, counted.session_id) == (served.tool_choice, "s-1")
+    answer = rtypes.InputTokenCountResponse.model_validate(COUNT.answer(77))
+    assert (answer.object, answer.input_tokens) == ("response.input_tokens", 77)
+
+
+@pytest.mark.parametrize("parse", [EDGE.parse, COUNT.parse], ids=["create", "count"])
+@pytest.mark.parametrize("field", ["previous_response_id", "conversation"])
+def test_server_side_state_is_a_400_saying_the_server_is_stateless(parse, field):
+    with pytest.raises(InvalidRequest) as err:
+        parse({"input": "Hi", field: "conv_1" if field == "conversation" else "resp_1"})
+    assert (err.value.http_status, err.value.param) == (400, field)
+    assert "stateless" in err.value.message and field in err.value.message
 
 
 def test_sampling_and_pflash_fields_reach_the_chat_request():

@@ -1,7 +1,8 @@
-"""The Anthropic Messages API (`POST /v1/messages`) as a translation onto the chat flow:
-`protocol` (the request), `translate` (in and out, whole and streamed, errors)."""
+"""The Anthropic Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`) as a
+translation onto the chat flow: `protocol` (the request), `translate` (in and out, whole and
+streamed, errors, the count)."""
 
-from pflash.api.messages.protocol import MessagesRequest
-from pflash.api.messages.translate import EDGE, MessagesExchange
+from pflash.api.messages.protocol import CountTokensRequest, MessagesRequest
+from pflash.api.messages.translate import COUNT, EDGE, MessagesExchange
 
-__all__ = ["EDGE", "MessagesExchange", "MessagesRequest"]
+__all__ = ["COUNT", "EDGE", "CountTokensRequest", "MessagesExchange", "MessagesRequest"]

@@ -1,4 +1,5 @@
-"""The Anthropic Messages API (`POST /v1/messages`): the request as its SDK sends it.
+"""The Anthropic Messages API (`POST /v1/messages`, and `POST /v1/messages/count_tokens` for
+its conversation alone): the request as its SDK sends it.
 
 Types are strict like the chat request's ("5" is not an integer). Fields this server does
 not act on are accepted and ignored: `cache_control` on any block or tool, `metadata`,
@@ -86,22 +87,16 @@ class ToolChoice(BaseModel):
     disable_parallel_tool_use: bool | None = None
 
 
-class MessagesRequest(BaseModel):
-    """`POST /v1/messages`. Extra top-level fields are kept (`model_extra`) so the PFlash
-    ones reach the chat request; the rest are ignored there."""
+class CountTokensRequest(BaseModel):
+    """`POST /v1/messages/count_tokens`: the conversation of a Messages request, without
+    what only generation reads. Extra top-level fields are kept (`model_extra`) so the
+    PFlash ones reach the chat request; the rest are ignored there."""
 
     model_config = ConfigDict(strict=True, extra="allow")
 
     model: str
     messages: list[InputMessage]
-    max_tokens: int = Field(ge=1)
     system: list[TextBlock] | None = None
-    stop_sequences: list[str] | None = None
-    stream: bool = False
-    temperature: float | None = Field(None, ge=0, le=1)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
-    metadata: dict[str, Any] | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
 
@@ -113,6 +108,18 @@ class MessagesRequest(BaseModel):
         if not v:
             raise ValueError("messages must not be empty")
         return v
+
+
+class MessagesRequest(CountTokensRequest):
+    """`POST /v1/messages`: the conversation and how to generate the answer."""
+
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    metadata: dict[str, Any] | None = None
 
 
 NAMES = FieldNames.of(

@@ -25,6 +25,7 @@ from typing import Any
 
 from pflash.api.edge import (
     ChatStreamItem,
+    Counted,
     StreamError,
     named_event,
     parse_edge_body,
@@ -33,6 +34,7 @@ from pflash.api.edge import (
 )
 from pflash.api.messages.protocol import (
     NAMES,
+    CountTokensRequest,
     InputMessage,
     MessagesRequest,
     TextBlock,
@@ -129,7 +131,7 @@ def _user_messages(i: int, message: InputMessage) -> list[dict[str, Any]]:
     return out
 
 
-def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
+def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
     """The conversation as chat-completions messages (OpenAI format)."""
     out: list[dict[str, Any]] = []
     if req.system:
@@ -142,7 +144,7 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
     return out
 
 
-def _tool_choice(req: MessagesRequest) -> Any:
+def _tool_choice(req: CountTokensRequest) -> Any:
     choice = req.tool_choice
     if choice is None:
         return None
@@ -157,23 +159,10 @@ def _tool_choice(req: MessagesRequest) -> Any:
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
 
 
-def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
-    """The one internal request the chat flow serves for `req`. A stream always asks for
-    the usage chunk: `message_delta` reports usage."""
-    body: dict[str, Any] = {
-        "model": req.model,
-        "messages": chat_messages(req),
-        "max_tokens": req.max_tokens,
-        "stream": req.stream,
-    }
-    if req.stream:
-        body["stream_options"] = {"include_usage": True}
-    if req.temperature is not None:
-        body["temperature"] = req.temperature
-    if req.top_p is not None:
-        body["top_p"] = req.top_p
-    if req.stop_sequences:
-        body["stop"] = req.stop_sequences
+def _conversation(req: CountTokensRequest) -> dict[str, Any]:
+    """The chat body of what renders the prompt: model, messages, tools and the tool choice
+    (the chat template reads the tools)."""
+    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
     if req.tools:
         body["tools"] = [
             {
@@ -189,7 +178,28 @@ def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     choice = _tool_choice(req)
     if choice is not None:
         body["tool_choice"] = choice
+    return body
+
+
+def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
+    """The one internal request the chat flow serves for `req`. A stream always asks for
+    the usage chunk: `message_delta` reports usage."""
+    body = _conversation(req) | {"max_tokens": req.max_tokens, "stream": req.stream}
+    if req.stream:
+        body["stream_options"] = {"include_usage": True}
+    if req.temperature is not None:
+        body["temperature"] = req.temperature
+    if req.top_p is not None:
+        body["top_p"] = req.top_p
+    if req.stop_sequences:
+        body["stop"] = req.stop_sequences
     return to_chat(body, req.model_extra)
+
+
+def count_request(req: CountTokensRequest) -> ChatCompletionRequest:
+    """The chat request whose prompt `count_tokens` counts: the same render as a Messages
+    request with this conversation, whatever it would ask to generate."""
+    return to_chat(_conversation(req), req.model_extra)
 
 
 # ---------------------------------------------------------------------- response out
@@ -381,3 +391,22 @@ class MessagesEdge:
 
 
 EDGE = MessagesEdge()
+
+
+@dataclass(frozen=True)
+class MessagesCounter:
+    """`/v1/messages/count_tokens`: `{"input_tokens": n}`, n the prompt a Messages request
+    with this conversation renders to, before compression (`input_tokens` +
+    `cache_read_input_tokens` of its usage). Claude Code and other Anthropic clients call it
+    to manage their context; errors and the request id as `/v1/messages`."""
+
+    edge: MessagesEdge = EDGE
+
+    def parse(self, body: bytes | str | Mapping[str, Any]) -> Counted:
+        return Counted(count_request(parse_edge_body(CountTokensRequest, body, NAMES)))
+
+    def answer(self, input_tokens: int) -> dict[str, Any]:
+        return {"input_tokens": input_tokens}
+
+
+COUNT = MessagesCounter()

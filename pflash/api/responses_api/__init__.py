@@ -1,8 +1,9 @@
-"""The OpenAI Responses API (`POST /v1/responses`) as a translation onto the chat flow:
-`protocol` (the request), `translate` (in and out, whole and streamed). The server is
-stateless: `previous_response_id` is a 400, the client sends the whole input."""
+"""The OpenAI Responses API (`POST /v1/responses`, `POST /v1/responses/input_tokens`) as a
+translation onto the chat flow: `protocol` (the request), `translate` (in and out, whole and
+streamed, the count). The server is stateless: `previous_response_id` and `conversation`
+are a 400, the client sends the whole input."""
 
-from pflash.api.responses_api.protocol import ResponsesRequest
-from pflash.api.responses_api.translate import EDGE, ResponsesExchange
+from pflash.api.responses_api.protocol import InputTokensRequest, ResponsesRequest
+from pflash.api.responses_api.translate import COUNT, EDGE, ResponsesExchange
 
-__all__ = ["EDGE", "ResponsesExchange", "ResponsesRequest"]
+__all__ = ["COUNT", "EDGE", "InputTokensRequest", "ResponsesExchange", "ResponsesRequest"]

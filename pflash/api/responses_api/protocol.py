@@ -1,11 +1,11 @@
-"""The OpenAI Responses API (`POST /v1/responses`): the request as its SDK and the OpenAI
-Agents SDK send it.
+"""The OpenAI Responses API (`POST /v1/responses`, and `POST /v1/responses/input_tokens` for
+its conversation alone): the request as its SDK and the OpenAI Agents SDK send it.
 
 `input` is a string (one user message) or items: `message` (its `type` may be left out;
 content a string or `input_text` / `output_text` parts), `function_call` and
 `function_call_output`. Tools are flat function tools (`{"type": "function", "name",
-"parameters"}`). The server is stateless: `previous_response_id` is a 400 asking for the
-whole input, and `store` is accepted and changes nothing. Accepted and ignored:
+"parameters"}`). The server is stateless: `previous_response_id` and `conversation` are a
+400 asking for the whole input, and `store` is accepted and changes nothing. Accepted and ignored:
 `metadata`, `parallel_tool_calls`, `user`, `text`, `reasoning`, `truncation`, `include`.
 Other item, part and tool kinds (images, files, reasoning items, hosted tools) are a 400
 naming them. PFlash's own fields and `seed` ride at the top level (the SDK's `extra_body`)
@@ -16,7 +16,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+)
 
 from pflash.api.edge import FieldNames
 
@@ -102,9 +110,10 @@ class FunctionChoice(BaseModel):
     name: str = Field(min_length=1)
 
 
-class ResponsesRequest(BaseModel):
-    """`POST /v1/responses`. Extra top-level fields are kept (`model_extra`) so the PFlash
-    ones reach the chat request; the rest are ignored there."""
+class InputTokensRequest(BaseModel):
+    """`POST /v1/responses/input_tokens`: the conversation of a Responses request, without
+    what only generation reads. Extra top-level fields are kept (`model_extra`) so the
+    PFlash ones reach the chat request; the rest are ignored there."""
 
     model_config = ConfigDict(strict=True, extra="allow")
 
@@ -113,14 +122,9 @@ class ResponsesRequest(BaseModel):
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    stream: bool = False
-    store: bool | None = None
-    metadata: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     previous_response_id: str | None = None
+    conversation: Any = None
 
     @field_validator("input", mode="before")
     @classmethod
@@ -134,15 +138,26 @@ class ResponsesRequest(BaseModel):
             raise ValueError("input must not be empty")
         return v
 
-    @field_validator("previous_response_id")
+    @field_validator("previous_response_id", "conversation")
     @classmethod
-    def _stateless(cls, v: str | None) -> str | None:
+    def _stateless(cls, v: Any, info: ValidationInfo) -> Any:
         if v is not None:
             raise ValueError(
-                "this server is stateless and keeps no responses: send the whole "
-                "conversation as input instead of previous_response_id"
+                "this server is stateless and keeps no responses or conversations: send the "
+                f"whole conversation as input instead of {info.field_name}"
             )
         return v
+
+
+class ResponsesRequest(InputTokensRequest):
+    """`POST /v1/responses`: the conversation and how to generate the answer."""
+
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stream: bool = False
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
 
 
 NAMES = FieldNames.of(

@@ -21,6 +21,7 @@ from typing import Any
 
 from pflash.api.edge import (
     ChatStreamItem,
+    Counted,
     StreamError,
     named_event,
     parse_edge_body,
@@ -34,6 +35,7 @@ from pflash.api.responses_api.protocol import (
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionChoice,
+    InputTokensRequest,
     ResponsesRequest,
     TextPart,
 )
@@ -50,7 +52,7 @@ def _joined(parts: list[TextPart]) -> str:
     return "\n".join(p.text for p in parts)
 
 
-def chat_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
+def chat_messages(req: InputTokensRequest) -> list[dict[str, Any]]:
     """The input as chat-completions messages (OpenAI chat format)."""
     out: list[dict[str, Any]] = []
     if req.instructions is not None:
@@ -76,20 +78,12 @@ def chat_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     return out
 
 
-def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The one internal request the chat flow serves for `req`. A stream always asks for
-    the usage chunk: `response.completed` reports usage."""
-    body: dict[str, Any] = {"messages": chat_messages(req), "stream": req.stream}
+def _conversation(req: InputTokensRequest) -> dict[str, Any]:
+    """The chat body of what renders the prompt: messages, tools and the tool choice (the
+    chat template reads the tools)."""
+    body: dict[str, Any] = {"messages": chat_messages(req)}
     if req.model is not None:
         body["model"] = req.model
-    if req.stream:
-        body["stream_options"] = {"include_usage": True}
-    if req.max_output_tokens is not None:
-        body["max_tokens"] = req.max_output_tokens
-    if req.temperature is not None:
-        body["temperature"] = req.temperature
-    if req.top_p is not None:
-        body["top_p"] = req.top_p
     if req.tools:
         body["tools"] = [
             {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
@@ -99,7 +93,28 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         body["tool_choice"] = {"type": "function", "function": {"name": req.tool_choice.name}}
     elif req.tool_choice is not None:
         body["tool_choice"] = req.tool_choice
+    return body
+
+
+def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
+    """The one internal request the chat flow serves for `req`. A stream always asks for
+    the usage chunk: `response.completed` reports usage."""
+    body = _conversation(req) | {"stream": req.stream}
+    if req.stream:
+        body["stream_options"] = {"include_usage": True}
+    if req.max_output_tokens is not None:
+        body["max_tokens"] = req.max_output_tokens
+    if req.temperature is not None:
+        body["temperature"] = req.temperature
+    if req.top_p is not None:
+        body["top_p"] = req.top_p
     return to_chat(body, req.model_extra)
+
+
+def count_request(req: InputTokensRequest) -> ChatCompletionRequest:
+    """The chat request whose prompt `input_tokens` counts: the same render as a Responses
+    request with this conversation, whatever it would ask to generate."""
+    return to_chat(_conversation(req), req.model_extra)
 
 
 # ---------------------------------------------------------------------- response out
@@ -408,3 +423,21 @@ class ResponsesEdge:
 
 
 EDGE = ResponsesEdge()
+
+
+@dataclass(frozen=True)
+class ResponsesCounter:
+    """`/v1/responses/input_tokens`: `{"object": "response.input_tokens", "input_tokens": n}`,
+    n the prompt a Responses request with this input renders to, before compression (its
+    usage's `input_tokens`). Errors in the OpenAI envelope, as `/v1/responses`."""
+
+    edge: ResponsesEdge = EDGE
+
+    def parse(self, body: bytes | str | Mapping[str, Any]) -> Counted:
+        return Counted(count_request(parse_edge_body(InputTokensRequest, body, NAMES)))
+
+    def answer(self, input_tokens: int) -> dict[str, Any]:
+        return {"object": "response.input_tokens", "input_tokens": input_tokens}
+
+
+COUNT = ResponsesCounter()
