@@ -47,7 +47,7 @@ from pflash.compressor import (
     unwrap_remote_error,
 )
 from pflash.config import PFlashConfig, ViewsConfig, build_config
-from pflash.errors import CompressionFailed, PFlashError, StageUnavailable
+from pflash.errors import CompressionFailed, ModelNotFound, PFlashError, StageUnavailable
 from pflash.models.source import load_tokenizer
 from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta
 from pflash.readiness import RETRY_AFTER_S, ReadinessCache
@@ -328,17 +328,38 @@ class Ingress:
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> JSONResponse:
+        return await self._models(request, None)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(self, request: Request, model_id: str) -> JSONResponse:
+        return await self._models(request, model_id)
+
+    async def _models(self, request: Request, model_id: str | None) -> JSONResponse:
+        """The served models, or the one named (another is a 404 `model_not_found`), in
+        OpenAI's shape, or in Anthropic's for a request that sends `anthropic-version`
+        (`pflash.api.messages.models`: Claude Code discovers a gateway's models so)."""
+        anthropic = api.messages.models.wants_anthropic(request.headers)
+        edge = api.messages.EDGE if anthropic else None
+        names = self.config.served_model_names
         try:
-            self._authorize(request)
-        except PFlashError as exc:
-            return error_json(exc)
-        try:
+            self._authorize(_with_api_key(request))
+            if model_id is not None and model_id not in names:
+                raise ModelNotFound(model_id, names)
             max_len = await self.compressor.max_context()
         except PFlashError as exc:  # the target did not answer: 503/504 naming it, Retry-After
-            return error_json(exc)
-        cards = [
-            api.ModelCard(id=name, max_model_len=max_len) for name in self.config.served_model_names
-        ]
+            return error_json(exc, "req-" + uuid.uuid4().hex[:16], edge)
+        shown = names if model_id is None else (model_id,)
+        if anthropic:
+            limits = {
+                "max_input": self.config.max_prompt_tokens or max_len,
+                "max_output": self.config.max_output_tokens,
+            }
+            if model_id is not None:
+                return JSONResponse(api.messages.models.model_info(model_id, **limits))
+            return JSONResponse(api.messages.models.model_page(shown, **limits))
+        cards = [api.ModelCard(id=name, max_model_len=max_len) for name in shown]
+        if model_id is not None:
+            return JSONResponse(cards[0].model_dump(exclude_none=True))
         return JSONResponse(api.ModelList(data=cards).model_dump(exclude_none=True))
 
     @app.post("/v1/chat/completions")

@@ -16,10 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+import anthropic
 import httpx
 import pytest
 import yaml
 
+from pflash.config import build_config
 from pflash_lab.bench.launch import ServeCluster, free_port
 
 pytestmark = pytest.mark.integration
@@ -72,8 +74,6 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def claude(server):
-    import anthropic
-
     # the SDK authenticates with x-api-key
     return anthropic.Anthropic(base_url=server, api_key=KEY, max_retries=0, timeout=300)
 
@@ -112,6 +112,36 @@ def test_messages_create_answers_with_anthropic_usage_and_pflash_stats(claude):
     stats = usage.model_extra["pflash"]
     assert stats["keep_ratio"] == 1.0
     assert json.loads(with_raw.headers["x-pflash-stats"]) == stats
+
+
+def test_anthropic_clients_list_the_models_in_anthropics_shape(claude, openai_client, server):
+    """Claude Code discovers a gateway's models with the anthropic SDK's call (it sends
+    `anthropic-version`); OpenAI clients keep OpenAI's list."""
+    (info,) = claude.models.list().data
+    assert (info.id, info.type, info.display_name, info.lifecycle) == (
+        "pflash",
+        "model",
+        "pflash",
+        "active",
+    )
+    # the most a request may carry (prompts over the target's context are compressed to fit)
+    # and ask to generate: the app's max_prompt_tokens and max_output_tokens (defaults)
+    defaults = build_config({}, env={})
+    assert (info.max_input_tokens, info.max_tokens) == (
+        defaults.max_prompt_tokens,
+        defaults.max_output_tokens,
+    )
+    context = openai_client.models.retrieve("pflash").model_extra["max_model_len"]
+    assert 0 < context < info.max_input_tokens
+    assert claude.models.retrieve("pflash").id == "pflash"
+    with pytest.raises(anthropic.NotFoundError) as err:
+        claude.models.retrieve("claude-x")
+    assert err.value.body["error"]["type"] == "not_found_error"
+    assert [m.id for m in openai_client.models.list().data] == ["pflash"]
+    r = httpx.get(f"{server}/v1/models/claude-x", headers=AUTH, timeout=60)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = httpx.get(f"{server}/v1/models", headers={"anthropic-version": "2023-06-01"}, timeout=60)
+    _anthropic_error(r, 401, "authentication_error")
 
 
 def test_messages_stream_sends_the_documented_events(claude):

@@ -22,7 +22,7 @@ from pflash.api import (
     error_response,
     with_index,
 )
-from pflash.api.messages import COUNT, EDGE
+from pflash.api.messages import COUNT, EDGE, models
 from pflash.errors import InvalidRequest, ModelNotFound
 from pflash.models.target.protocol import GenerationTimings
 
@@ -160,6 +160,20 @@ def test_a_bad_count_is_a_400_in_anthropics_shape(body, param):
     shaped = COUNT.edge.error(*error_response(err.value))
     assert shaped["type"] == "error" and shaped["error"]["type"] == "invalid_request_error"
     assert COUNT.edge.id_header == "request-id"
+
+
+def test_the_served_models_read_as_anthropics_model_list():
+    page = models.model_page(["pflash", "local"], max_input=8192, max_output=None)
+    parsed = [anthropic.types.ModelInfo.model_validate(m) for m in page["data"]]
+    assert [(m.id, m.display_name, m.max_input_tokens, m.max_tokens) for m in parsed] == [
+        ("pflash", "pflash", 8192, None),
+        ("local", "local", 8192, None),
+    ]
+    assert (page["has_more"], page["first_id"], page["last_id"]) == (False, "pflash", "local")
+    one = models.model_info("pflash", max_input=None, max_output=512)
+    assert anthropic.types.ModelInfo.model_validate(one).max_tokens == 512
+    assert models.wants_anthropic({"anthropic-version": "2023-06-01"})
+    assert not models.wants_anthropic({"authorization": "Bearer k"})
 
 
 def test_an_assistant_turn_of_only_tool_use_has_no_content():
