@@ -47,7 +47,7 @@ from pflash.compressor import (
     unwrap_remote_error,
 )
 from pflash.config import PFlashConfig, ViewsConfig, build_config
-from pflash.errors import CompressionFailed, ModelNotFound, PFlashError, StageUnavailable
+from pflash.errors import CompressionFailed, PFlashError, StageUnavailable
 from pflash.models.source import load_tokenizer
 from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta
 from pflash.readiness import RETRY_AFTER_S, ReadinessCache
@@ -335,32 +335,23 @@ class Ingress:
         return await self._models(request, model_id)
 
     async def _models(self, request: Request, model_id: str | None) -> JSONResponse:
-        """The served models, or the one named (another is a 404 `model_not_found`), in
-        OpenAI's shape, or in Anthropic's for a request that sends `anthropic-version`
-        (`pflash.api.messages.models`: Claude Code discovers a gateway's models so)."""
+        """`api.models.listing`: OpenAI's shape, or Anthropic's for a client that sends
+        `anthropic-version` (its errors too)."""
         anthropic = api.messages.models.wants_anthropic(request.headers)
-        edge = api.messages.EDGE if anthropic else None
-        names = self.config.served_model_names
         try:
             self._authorize(_with_api_key(request))
-            if model_id is not None and model_id not in names:
-                raise ModelNotFound(model_id, names)
-            max_len = await self.compressor.max_context()
-        except PFlashError as exc:  # the target did not answer: 503/504 naming it, Retry-After
-            return error_json(exc, "req-" + uuid.uuid4().hex[:16], edge)
-        shown = names if model_id is None else (model_id,)
-        if anthropic:
-            limits = {
-                "max_input": self.config.max_prompt_tokens or max_len,
-                "max_output": self.config.max_output_tokens,
-            }
-            if model_id is not None:
-                return JSONResponse(api.messages.models.model_info(model_id, **limits))
-            return JSONResponse(api.messages.models.model_page(shown, **limits))
-        cards = [api.ModelCard(id=name, max_model_len=max_len) for name in shown]
-        if model_id is not None:
-            return JSONResponse(cards[0].model_dump(exclude_none=True))
-        return JSONResponse(api.ModelList(data=cards).model_dump(exclude_none=True))
+            body = api.models.listing(
+                self.config.served_model_names,
+                model_id,
+                request.headers,
+                context=await self.compressor.max_context(),  # 503/504 if the target is down
+                max_prompt_tokens=self.config.max_prompt_tokens,
+                max_output_tokens=self.config.max_output_tokens,
+            )
+        except PFlashError as exc:  # 401, 404 model_not_found, the target's 503/504
+            rid = "req-" + uuid.uuid4().hex[:16]
+            return error_json(exc, rid, api.messages.EDGE if anthropic else None)
+        return JSONResponse(body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -416,6 +407,14 @@ class Ingress:
         check_prompt_bound(req, kind, self.token_bound, config.max_prompt_tokens)
         return exchange, req, config, params
 
+    def _headers(self, rid: str, edge: api.Edge | None) -> dict[str, str]:
+        """A served answer's headers: the replica, the request id (and under the edge API's
+        own name for it)."""
+        headers = {"x-pflash-replica": self.replica, "x-request-id": rid}
+        if edge is not None and edge.id_header:
+            headers[edge.id_header] = rid
+        return headers
+
     async def _read(self, request: Request) -> tuple[Tenant, bytes]:
         """The request's tenant and its body, within the body's size and time limits."""
         tenant = self._authorize(request)
@@ -461,10 +460,9 @@ class Ingress:
         except Exception as exc:  # validation and rendering errors: 4xx before any model runs
             self.metrics.record("pflash_errors", stage="request")
             return error_json(exc, rid, counter.edge)
-        headers = {"x-pflash-replica": self.replica, "x-request-id": rid}
-        if counter.edge.id_header:
-            headers[counter.edge.id_header] = rid
-        return JSONResponse(counter.answer(len(prompt.ids)), headers=headers)
+        return JSONResponse(
+            counter.answer(len(prompt.ids)), headers=self._headers(rid, counter.edge)
+        )
 
     async def _serve(self, request: Request, kind: str, edge: api.Edge | None = None):
         """auth → parse → render → compress → stream (or one response), within the
@@ -482,9 +480,7 @@ class Ingress:
         job = compression_request(req, prompt, config, tenant.id)
         key = job.conversation
         meta = api.ResponseMeta.new(req.model or config.served_model_names[0], kind)
-        headers = {"x-pflash-replica": self.replica, "x-request-id": rid}
-        if edge is not None and edge.id_header:
-            headers[edge.id_header] = rid
+        headers = self._headers(rid, edge)
         try:  # planning raises the client's mistakes: a 4xx before any byte is sent
             async with asyncio.timeout_at(deadline):
                 pending = await self.compressor.start(job)

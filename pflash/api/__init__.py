@@ -1,14 +1,14 @@
 """The OpenAI surface: request models and parsing (`requests`), response shapes, usage and
 stats (`responses`), the error envelope and SSE framing (`envelope`); the APIs served by
 translation onto the chat flow (`edge`): Anthropic Messages (`messages`) and OpenAI
-Responses (`responses_api`).
+Responses (`responses_api`); the served models in either's shape (`models`).
 
 Callers use the package (`from pflash import api`; `api.parse_chat_request`, ...): these
 names are its public surface."""
 
 from __future__ import annotations
 
-from pflash.api import messages, responses_api
+from pflash.api import messages, models, responses_api
 from pflash.api.edge import (
     ChatStreamItem,
     Counted,
@@ -77,6 +77,7 @@ from pflash.api.tool_calls import (
 
 __all__ = [
     "messages",
+    "models",
     "responses_api",
     "ChatStreamItem",
     "Counted",

@@ -180,6 +180,26 @@ def parse_edge_body(
         raise invalid_request(err, names) from None
 
 
+def generation_fields(
+    *,
+    stream: bool,
+    max_tokens: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    stop: list[str] | None = None,
+) -> dict[str, Any]:
+    """The chat body's generation fields of an edge request (unset ones left out). A stream
+    always asks for the usage chunk: each API's last event reports usage."""
+    body: dict[str, Any] = {"stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    optional = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
+    body |= {k: v for k, v in optional.items() if v is not None}
+    if stop:
+        body["stop"] = stop
+    return body
+
+
 def to_chat(body: dict[str, Any], extra: dict[str, Any] | None) -> ChatCompletionRequest:
     """The chat request for a translated `body`, with the edge request's PFlash fields
     (`extra`: its unknown top-level fields) validated by the chat request's own rules."""

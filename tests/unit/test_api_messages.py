@@ -23,6 +23,7 @@ from pflash.api import (
     with_index,
 )
 from pflash.api.messages import COUNT, EDGE, models
+from pflash.api.models import listing
 from pflash.errors import InvalidRequest, ModelNotFound
 from pflash.models.target.protocol import GenerationTimings
 
@@ -174,6 +175,29 @@ def test_the_served_models_read_as_anthropics_model_list():
     assert anthropic.types.ModelInfo.model_validate(one).max_tokens == 512
     assert models.wants_anthropic({"anthropic-version": "2023-06-01"})
     assert not models.wants_anthropic({"authorization": "Bearer k"})
+
+
+def test_a_model_listing_answers_in_the_shape_its_client_reads():
+    limits = {"context": 8192, "max_prompt_tokens": 131072, "max_output_tokens": 4096}
+    names = ("pflash", "local")
+    claude = {"anthropic-version": "2023-06-01"}
+    page = listing(names, None, claude, **limits)
+    assert [(m["id"], m["max_input_tokens"], m["max_tokens"]) for m in page["data"]] == [
+        ("pflash", 131072, 4096),
+        ("local", 131072, 4096),
+    ]
+    one = listing(names, "local", claude, **{**limits, "max_prompt_tokens": None})
+    assert (one["type"], one["max_input_tokens"]) == ("model", 8192)  # no bound: the context
+    openai_list = listing(names, None, {}, **limits)
+    assert openai_list["object"] == "list"
+    assert [(c["id"], c["max_model_len"]) for c in openai_list["data"]] == [
+        ("pflash", 8192),
+        ("local", 8192),
+    ]
+    assert listing(names, "pflash", {}, **limits)["object"] == "model"
+    for headers in ({}, claude):
+        with pytest.raises(ModelNotFound):
+            listing(names, "claude-x", headers, **limits)
 
 
 def test_an_assistant_turn_of_only_tool_use_has_no_content():

@@ -27,6 +27,7 @@ from pflash.api.edge import (
     ChatStreamItem,
     Counted,
     StreamError,
+    generation_fields,
     named_event,
     parse_edge_body,
     pflash_header,
@@ -182,18 +183,15 @@ def _conversation(req: CountTokensRequest) -> dict[str, Any]:
 
 
 def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
-    """The one internal request the chat flow serves for `req`. A stream always asks for
-    the usage chunk: `message_delta` reports usage."""
-    body = _conversation(req) | {"max_tokens": req.max_tokens, "stream": req.stream}
-    if req.stream:
-        body["stream_options"] = {"include_usage": True}
-    if req.temperature is not None:
-        body["temperature"] = req.temperature
-    if req.top_p is not None:
-        body["top_p"] = req.top_p
-    if req.stop_sequences:
-        body["stop"] = req.stop_sequences
-    return to_chat(body, req.model_extra)
+    """The one internal request the chat flow serves for `req`."""
+    generation = generation_fields(
+        stream=req.stream,
+        max_tokens=req.max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        stop=req.stop_sequences,
+    )
+    return to_chat(_conversation(req) | generation, req.model_extra)
 
 
 def count_request(req: CountTokensRequest) -> ChatCompletionRequest:

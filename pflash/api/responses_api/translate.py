@@ -23,6 +23,7 @@ from pflash.api.edge import (
     ChatStreamItem,
     Counted,
     StreamError,
+    generation_fields,
     named_event,
     parse_edge_body,
     pflash_header,
@@ -97,18 +98,14 @@ def _conversation(req: InputTokensRequest) -> dict[str, Any]:
 
 
 def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The one internal request the chat flow serves for `req`. A stream always asks for
-    the usage chunk: `response.completed` reports usage."""
-    body = _conversation(req) | {"stream": req.stream}
-    if req.stream:
-        body["stream_options"] = {"include_usage": True}
-    if req.max_output_tokens is not None:
-        body["max_tokens"] = req.max_output_tokens
-    if req.temperature is not None:
-        body["temperature"] = req.temperature
-    if req.top_p is not None:
-        body["top_p"] = req.top_p
-    return to_chat(body, req.model_extra)
+    """The one internal request the chat flow serves for `req`."""
+    generation = generation_fields(
+        stream=req.stream,
+        max_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+    )
+    return to_chat(_conversation(req) | generation, req.model_extra)
 
 
 def count_request(req: InputTokensRequest) -> ChatCompletionRequest:
