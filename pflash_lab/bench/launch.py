@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -34,29 +35,55 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository (serve_config.yaml,
 BIN = Path(sys.executable).parent
 
 
-def free_ports(n: int, avoid: range = range(10002, 20000)) -> list[int]:
-    """`n` distinct free TCP ports outside Ray's worker port range. Every socket stays
-    bound until all are chosen: ports picked one at a time could repeat (`ray start` then
-    refused a dashboard port equal to the GCS port, and a whole test module errored)."""
+RAY_WORKER_PORTS = range(10002, 20000)  # Ray's default --min/--max-worker-port
+
+
+def ephemeral_ports(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> range:
+    """The kernel's range for ports bound to 0 and for the local end of outgoing connections
+    (Linux's default where the file cannot be read)."""
+    try:
+        low, high = (int(x) for x in Path(path).read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def pinned_candidates(avoid: range = RAY_WORKER_PORTS) -> list[int]:
+    """Ports a cluster may pin: above Ray's worker range and outside the ephemeral range.
+    A pinned port inside the ephemeral range can be taken between its choice and its bind by
+    any process binding port 0 or opening a connection: `ray start`'s agents did, and Serve's
+    proxy then failed to bind its HTTP port and a whole test module errored."""
+    ephemeral = ephemeral_ports()
+    return [p for p in range(max(avoid.stop, 1024), 65536) if p not in ephemeral]
+
+
+def free_ports(n: int, avoid: range = RAY_WORKER_PORTS) -> list[int]:
+    """`n` distinct free TCP ports from `pinned_candidates`, drawn at random (two clusters
+    started one after the other rarely draw the same). Every socket stays bound until all
+    are chosen: ports picked one at a time could repeat (`ray start` then refused a dashboard
+    port equal to the GCS port, and a whole test module errored)."""
+    candidates = pinned_candidates(avoid)
+    draw = random.SystemRandom()
     held: list[socket.socket] = []
     try:
         for _ in range(100 * n):
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            if s.getsockname()[1] in avoid:
+            try:
+                s.bind(("127.0.0.1", draw.choice(candidates)))
+            except OSError:  # taken, or already held by this choice
                 s.close()
                 continue
             held.append(s)
             if len(held) == n:
                 return [h.getsockname()[1] for h in held]
-        raise RuntimeError("no free port")
+        raise RuntimeError(f"no {n} free ports outside the ephemeral and Ray worker ranges")
     finally:
         for s in held:
             s.close()
 
 
-def free_port(avoid: range = range(10002, 20000)) -> int:
-    """A free TCP port outside Ray's worker port range."""
+def free_port(avoid: range = RAY_WORKER_PORTS) -> int:
+    """A free TCP port a cluster may pin (`free_ports`)."""
     return free_ports(1, avoid)[0]
 
 
