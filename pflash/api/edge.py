@@ -135,7 +135,9 @@ class FieldNames:
 
     @classmethod
     def of(cls, models: tuple[type[BaseModel], ...], tags: frozenset[str]) -> FieldNames:
-        return cls(frozenset(name for m in models for name in m.model_fields), tags)
+        return cls(
+            frozenset(f.alias or name for m in models for name, f in m.model_fields.items()), tags
+        )
 
     def param(self, loc: tuple[Any, ...]) -> str | None:
         """("messages", 0, "content", 2, "tool_use", "id") -> "messages[0].content[2].id"."""
@@ -200,10 +202,17 @@ def generation_fields(
     return body
 
 
-def to_chat(body: dict[str, Any], extra: dict[str, Any] | None) -> ChatCompletionRequest:
+def to_chat(
+    body: dict[str, Any], extra: dict[str, Any] | None, *, format_param: str | None = None
+) -> ChatCompletionRequest:
     """The chat request for a translated `body`, with the edge request's PFlash fields
-    (`extra`: its unknown top-level fields) validated by the chat request's own rules."""
+    (`extra`: its unknown top-level fields) validated by the chat request's own rules;
+    `format_param` is the edge's name for the output format that `body` carries as
+    `response_format`, for the errors about it."""
     for key, value in (extra or {}).items():
         if key.startswith("pflash_") or key in PASSTHROUGH:
             body[key] = value
-    return parse_chat_request(body)
+    chat = parse_chat_request(body)
+    if format_param is not None:
+        chat.name_format_param(format_param)
+    return chat

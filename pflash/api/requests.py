@@ -4,8 +4,9 @@ an integer, 1 is not a boolean). Every validation failure becomes an `InvalidReq
 error shape.
 
 Fields OpenAI defines that do not change the response shape (`frequency_penalty`,
-`response_format`, ...) are accepted and ignored (`user` too, once it checks as an
-identifier, as `session_id` does); `tools` and
+`presence_penalty`, ...) are accepted and ignored (`user` too, once it checks as an
+identifier, as `session_id` does); `response_format` asks the target for JSON
+(`api.output_format`: a 400 where the target cannot constrain its decoding); `tools` and
 `tool_choice` decide which hermes-format calls in the answer become `tool_calls`
 (`api.tool_calls`); fields that would
 change it and are not supported (`n > 1`, `logprobs`, `echo`, `best_of`, `suffix`) are 400s.
@@ -20,10 +21,25 @@ import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from pflash.api.body import json_object
+from pflash.api.output_format import (
+    JSONSchemaFormat,
+    JSONSchemaSpec,
+    ResponseFormat,
+    output_format,
+    require_constraining_target,
+)
 from pflash.config import PFlashConfig, RequestOverrides
 from pflash.errors import InvalidRequest, ModelNotFound
 from pflash.message_content import content_text
@@ -208,6 +224,7 @@ class _GenerationRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = None
+    response_format: ResponseFormat | None = None
     # PFlash extensions (top level, or via the OpenAI SDK's extra_body)
     pflash_mode: PFlashMode | None = None
     pflash_keep_ratio: float | None = Field(None, gt=0, le=1)
@@ -217,6 +234,9 @@ class _GenerationRequest(BaseModel):
     # OpenAI's end-user id: bounded, never used (it reaches no header, so any text is fine)
     user: str | None = Field(None, max_length=MAX_IDENTIFIER_CHARS)
     pflash_return_prompt: bool = False
+
+    # the field a client named the format by: an edge API sets its own (`text.format`)
+    _format_param: str = PrivateAttr("response_format")
 
     _identifiers = field_validator("session_id")(_check_identifier)
 
@@ -293,7 +313,12 @@ class _GenerationRequest(BaseModel):
             top_p=1.0 if self.top_p is None else self.top_p,
             stop=self.stop,
             seed=self.seed,
+            output_format=output_format(self.response_format),
         )
+
+    def name_format_param(self, param: str) -> None:
+        """Errors about the output format name `param` (the edge API's own field)."""
+        self._format_param = param
 
     def overrides(self) -> RequestOverrides:
         """What this request changes in the server's config (`pflash_mode`,
@@ -304,6 +329,9 @@ class _GenerationRequest(BaseModel):
         """Rules that depend on the server's config; raise `InvalidRequest` when broken."""
         if self.model is not None and self.model not in config.served_model_names:
             raise ModelNotFound(self.model, config.served_model_names)
+        require_constraining_target(
+            output_format(self.response_format), config.target_backend, self._format_param
+        )
         if len(getattr(self, "messages", ())) > config.max_messages:
             raise InvalidRequest(
                 f"{len(self.messages)} messages exceed this server's limit of "
@@ -408,20 +436,27 @@ class CompletionRequest(_GenerationRequest):
 def _field_names() -> frozenset[str]:
     names: set[str] = set()
     for model in (ChatCompletionRequest, CompletionRequest, ChatMessage, ToolCall, FunctionCall, Tool,
-                  FunctionDefinition, StreamOptions, NamedToolChoice):  # fmt: skip
-        names.update(model.model_fields)
+                  FunctionDefinition, StreamOptions, NamedToolChoice, JSONSchemaFormat,
+                  JSONSchemaSpec):  # fmt: skip
+        names.update(f.alias or name for name, f in model.model_fields.items())
     return frozenset(names)
 
 
 _FIELDS = _field_names()
 
 
+# tagged unions outside lists: the tag pydantic puts after the field is a label, not a field
+_TAGS_AFTER = {"response_format": frozenset({"text", "json_object", "json_schema"})}
+
+
 def _param_from_loc(loc: tuple[Any, ...]) -> str | None:
     """("messages", 0, "role") -> "messages[0].role"; pydantic's union/tag labels are dropped."""
     out = ""
-    for part in loc:
+    for i, part in enumerate(loc):
         if isinstance(part, int):
             out += f"[{part}]"
+        elif i > 0 and part in _TAGS_AFTER.get(loc[i - 1], ()):
+            continue
         elif part in _FIELDS:
             out += f".{part}" if out else part
     return out or None
@@ -443,6 +478,10 @@ def invalid_request_from(err: ValidationError) -> InvalidRequest:
     ctx = first.get("ctx") or {}
     param = ctx.get("param") or _param_from_loc(tuple(first.get("loc", ())))
     message = first["msg"]
+    if first["type"] == "union_tag_invalid":
+        message = f"type {ctx.get('tag', '?')!r} is not supported (supported: {ctx.get('expected_tags', '')})"
+    elif message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
     value = first.get("input")
     if (
         first["type"] != "missing"

@@ -72,6 +72,7 @@ CHAT_FIELDS = [
     "tools",
     "tool_choice",
     "chat_template_kwargs",
+    "response_format",
     "pflash_mode",
     "pflash_keep_ratio",
     "pflash_query",
@@ -475,6 +476,8 @@ MESSAGES_FIELDS = [
     "top_k",
     "metadata",
     "stream",
+    "output_config",
+    "output_format",
 ]
 RESPONSES_FIELDS = [
     "model",
@@ -487,6 +490,7 @@ RESPONSES_FIELDS = [
     "top_p",
     "stream",
     "store",
+    "text",
 ]
 EDGE_REFUSED = [
     ("/v1/messages", {"messages": [{"role": "user", "content": [
@@ -502,6 +506,9 @@ EDGE_REFUSED = [
     ("/v1/responses", {"input": [{"type": "function_call_output", "output": "x"}]}),
     ("/v1/responses", {"input": []}),
     ("/v1/responses", {"max_output_tokens": 10**6}),
+    # structured output, which the embedded target cannot constrain its sampler to
+    ("/v1/messages", {"output_config": {"format": {"type": "json_schema", "schema": {}}}}),
+    ("/v1/responses", {"text": {"format": {"type": "json_object"}}}),
 ]  # fmt: skip
 
 

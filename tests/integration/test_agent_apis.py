@@ -18,6 +18,7 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import openai
 import pytest
 import yaml
 
@@ -584,6 +585,44 @@ def test_bad_responses_requests_are_4xx_in_the_openai_envelope(server):
         ({"input": "Hi", "max_output_tokens": "5"}, "max_output_tokens"),
     ]
     _openai_errors(url, cases)
+
+
+PLACE = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_output_is_refused_by_a_target_that_cannot_constrain_it(claude, openai_client):
+    # the embedded target samples without a grammar: asked for JSON it would answer free
+    # text, so each SDK's structured-output call is a 400 naming its own field, and plain
+    # text formats are still served
+    hi = [{"role": "user", "content": "Where is the Louvre?"}]
+    with pytest.raises(anthropic.BadRequestError) as err:
+        claude.messages.create(
+            model="pflash", max_tokens=8, messages=hi,
+            output_config={"format": {"type": "json_schema", "schema": PLACE}},
+        )  # fmt: skip
+    assert err.value.body["error"]["type"] == "invalid_request_error"
+    assert "output_config.format" in err.value.body["error"]["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        openai_client.responses.create(
+            model="pflash", input="Where is the Louvre?", max_output_tokens=8,
+            text={"format": {"type": "json_schema", "name": "place", "schema": PLACE}},
+        )  # fmt: skip
+    assert err.value.param == "text.format" and err.value.code == "unsupported_value"
+    with pytest.raises(openai.BadRequestError) as err:
+        openai_client.chat.completions.create(
+            model="pflash", messages=hi, max_tokens=8,
+            response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": PLACE}},
+        )  # fmt: skip
+    assert err.value.param == "response_format"
+    served = openai_client.responses.create(
+        model="pflash", input="Hi", max_output_tokens=4, text={"format": {"type": "text"}}
+    )
+    assert served.status in ("completed", "incomplete") and served.text.format.type == "text"
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ from pflash.api import (
 from pflash.models.target.protocol import (
     GenerationDone,
     GenerationTimings,
+    OutputFormat,
     SamplingParams,
     UpstreamError,
     UpstreamTimeout,
@@ -686,3 +687,34 @@ def test_the_tenant_goes_upstream_as_the_prefix_cache_salt(upstream, smollm2_tok
     assert "cache_salt" not in app.state.requests[-1][0]
     collect(OpenAITarget(base, "vllm", smollm2_tokenizer, 8192), ids)
     assert "cache_salt" not in app.state.requests[-1][0]
+
+
+def test_an_output_format_reaches_the_upstream_as_response_format(
+    upstream, smollm2_tokenizer, rendered
+):
+    # vLLM's completions and chat take `response_format` and compile it into a grammar
+    app, base = upstream
+    _, ids = rendered
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    params = SamplingParams(
+        max_tokens=8, output_format=OutputFormat("json_schema", json.dumps(schema), "place", True)
+    )
+    collect(make_target(base, smollm2_tokenizer), ids, params)
+    assert app.state.requests[-1][0]["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "place", "schema": schema, "strict": True},
+    }
+
+    async def chat():
+        target = make_target(base, smollm2_tokenizer)
+        stream = target.generate_chat(
+            [{"role": "user", "content": "hi"}],
+            SamplingParams(max_tokens=4, output_format=OutputFormat("json_object")),
+        )
+        await collect_generation(stream)
+        await target.aclose()
+
+    asyncio.run(chat())
+    assert app.state.requests[-1][0]["response_format"] == {"type": "json_object"}
+    collect(make_target(base, smollm2_tokenizer), ids)  # free text: no response_format
+    assert "response_format" not in app.state.requests[-1][0]

@@ -17,6 +17,7 @@ from pflash.models.target.hf import (
 )
 from pflash.models.target.protocol import (
     GenerationDone,
+    OutputFormat,
     SamplingParams,
     TokenDelta,
     collect_generation,
@@ -124,6 +125,16 @@ def test_context_left_clamps_max_tokens_and_overflow_is_400(model, smollm2_token
         run(small, france + [198, 198])
     assert (info.value.http_status, info.value.code) == (400, "context_length_exceeded")
     asyncio.run(small.aclose())
+
+
+def test_an_output_format_is_refused_not_answered_as_free_text(target, france):
+    # this target samples without a grammar: a JSON format it cannot enforce is a 400
+    # (the ingress refuses it first; this is the backend's own guard), and nothing ran
+    params = SamplingParams(max_tokens=4, temperature=0, output_format=OutputFormat("json_object"))
+    with pytest.raises(InvalidRequest) as info:
+        run(target, france, params)
+    assert info.value.param == "response_format" and info.value.code == "unsupported_value"
+    assert len(target.snapshots) == 0
 
 
 def test_token_outside_vocabulary_is_invalid_request(target):

@@ -4,6 +4,7 @@ held to exactly the same answers."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -127,3 +128,44 @@ def streamed_compressed_chat(client) -> None:
     usage = chunks[-1].usage
     assert chunks[-1].choices == [] and usage.completion_tokens >= 1
     assert usage.model_extra["timings"]["pflash"]["compressed_tokens"] < 0.3 * usage.prompt_tokens
+
+
+QUOKKA = {
+    "type": "object",
+    "properties": {"number": {"type": "integer"}},
+    "required": ["number"],
+    "additionalProperties": False,
+}
+
+
+def structured_compressed_chat(client) -> dict:
+    """A compressed chat asking for JSON matching a schema: the engine constrains its
+    decoding to it, so the answer parses and has the schema's fields, whatever the model
+    would have said in free text. Returns the parsed answer."""
+    r = client.chat.completions.create(
+        model="pflash",
+        messages=[{"role": "user", "content": needle_document() + "\n\n" + QUESTION}],
+        max_tokens=24,
+        temperature=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "quokka", "schema": QUOKKA, "strict": True},
+        },
+        extra_body={"pflash_mode": "always"},
+    )
+    stats = pflash_stats(r)
+    assert 0 < stats["compressed_tokens"] < 0.3 * r.usage.prompt_tokens
+    answer = json.loads(r.choices[0].message.content)
+    assert set(answer) == {"number"} and isinstance(answer["number"], int), answer
+    # the Responses API's text.format reaches the engine the same way
+    response = client.responses.create(
+        model="pflash",
+        input=needle_document() + "\n\n" + QUESTION,
+        max_output_tokens=24,
+        temperature=0,
+        text={"format": {"type": "json_schema", "name": "quokka", "schema": QUOKKA}},
+        extra_body={"pflash_mode": "always"},
+    )
+    assert response.text.format.type == "json_schema"
+    assert json.loads(response.output_text) == answer
+    return answer

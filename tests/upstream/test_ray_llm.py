@@ -38,6 +38,7 @@ from engine_cases import (
     compressed_needle_chat,
     envelope,
     streamed_compressed_chat,
+    structured_compressed_chat,
     three_turns,
 )
 
@@ -123,6 +124,11 @@ def client(stack):
 
 def test_compressed_chat_is_prefilled_by_ray_serve_llm_with_the_needle_kept(client):
     compressed_needle_chat(client)  # the usage checked there came back through the handle
+
+
+def test_a_json_schema_is_enforced_by_the_engine_on_the_compressed_prompt(client):
+    # response_format reaches the LLMServer with the served prompt; its grammar shapes the answer
+    assert structured_compressed_chat(client)["number"] == 7318842
 
 
 def test_streaming_with_include_usage_through_the_handle(client):

@@ -42,6 +42,7 @@ from engine_cases import (
     compressed_needle_chat,
     envelope,
     streamed_compressed_chat,
+    structured_compressed_chat,
     three_turns,
 )
 
@@ -251,6 +252,11 @@ def test_compressed_chat_is_prefilled_by_vllm_with_the_needle_kept(client, stack
     # vLLM prefilled exactly the served prompt: its own counter moved by that many tokens
     after = _vllm_counter(stack["vllm"], "vllm:prompt_tokens_total")
     assert after - before == stats["compressed_tokens"]
+
+
+def test_a_json_schema_is_enforced_by_vllm_on_the_compressed_prompt(client):
+    # response_format reaches vLLM with the served (compressed) prompt; its grammar shapes the answer
+    assert structured_compressed_chat(client)["number"] == 7318842
 
 
 def test_streaming_with_include_usage(client):

@@ -4,7 +4,8 @@ its conversation alone): the request as its SDK sends it.
 Types are strict like the chat request's ("5" is not an integer). Fields this server does
 not act on are accepted and ignored: `cache_control` on any block or tool, `metadata`,
 `top_k` (the targets sample by temperature and top-p only), `service_tier`, `thinking`,
-`citations`. Content kinds it cannot serve (`image`, `document`, `thinking`, server tools)
+`citations`, `output_config.effort`. `output_config.format` (or the beta's `output_format`)
+asks for JSON matching a schema (`api.output_format`). Content kinds it cannot serve (`image`, `document`, `thinking`, server tools)
 are a 400 naming the block. PFlash's own fields (`pflash_mode`, `pflash_keep_ratio`,
 `pflash_query`, `pflash_required`, `pflash_return_prompt`, `session_id`) and `seed` ride at
 the top level (the SDK's `extra_body`) and are validated by the chat request.
@@ -14,9 +15,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pflash.api.edge import FieldNames
+from pflash.api.output_format import MessagesJSONFormat, MessagesOutputConfig
 
 _CONFIG = ConfigDict(strict=True, extra="ignore")
 
@@ -120,10 +122,19 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)
     metadata: dict[str, Any] | None = None
+    output_config: MessagesOutputConfig | None = None
+    # the structured-outputs beta's name for output_config.format
+    output_format: MessagesJSONFormat | None = None
+
+    @model_validator(mode="after")
+    def _one_output_format(self) -> MessagesRequest:
+        if self.output_format is not None and self.output_config and self.output_config.format:
+            raise ValueError("give the output format once: output_config.format or output_format")
+        return self
 
 
 NAMES = FieldNames.of(
     (MessagesRequest, InputMessage, TextBlock, ToolUseBlock, ToolResultBlock, ToolDefinition,
-     ToolChoice),
+     ToolChoice, MessagesOutputConfig, MessagesJSONFormat),
     tags=frozenset({"text", "tool_use", "tool_result"}),
 )  # fmt: skip

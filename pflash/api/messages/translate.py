@@ -42,6 +42,7 @@ from pflash.api.messages.protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from pflash.api.output_format import MessagesOutputConfig, from_output_config
 from pflash.api.requests import ChatCompletionRequest
 from pflash.api.responses import ChatCompletionChunk, ChatCompletionResponse, Usage
 from pflash.errors import InvalidRequest
@@ -191,7 +192,15 @@ def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
         top_p=req.top_p,
         stop=req.stop_sequences,
     )
-    return to_chat(_conversation(req) | generation, req.model_extra)
+    body = _conversation(req) | generation
+    config = req.output_config
+    if req.output_format is not None:
+        config, param = MessagesOutputConfig(format=req.output_format), "output_format"
+    else:
+        param = "output_config.format"
+    if (response_format := from_output_config(config)) is not None:
+        body["response_format"] = response_format
+    return to_chat(body, req.model_extra, format_param=param)
 
 
 def count_request(req: CountTokensRequest) -> ChatCompletionRequest:

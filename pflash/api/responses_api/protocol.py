@@ -6,7 +6,8 @@ content a string or `input_text` / `output_text` parts), `function_call` and
 `function_call_output`. Tools are flat function tools (`{"type": "function", "name",
 "parameters"}`). The server is stateless: `previous_response_id` and `conversation` are a
 400 asking for the whole input, and `store` is accepted and changes nothing. Accepted and ignored:
-`metadata`, `parallel_tool_calls`, `user`, `text`, `reasoning`, `truncation`, `include`.
+`metadata`, `parallel_tool_calls`, `user`, `text.verbosity`, `reasoning`, `truncation`,
+`include`. `text.format` asks for JSON (`api.output_format`).
 Other item, part and tool kinds (images, files, reasoning items, hosted tools) are a 400
 naming them. PFlash's own fields and `seed` ride at the top level (the SDK's `extra_body`)
 and are validated by the chat request.
@@ -27,6 +28,7 @@ from pydantic import (
 )
 
 from pflash.api.edge import FieldNames
+from pflash.api.output_format import FlatJSONSchemaFormat, ResponsesText
 
 _CONFIG = ConfigDict(strict=True, extra="ignore")
 
@@ -158,10 +160,11 @@ class ResponsesRequest(InputTokensRequest):
     stream: bool = False
     store: bool | None = None
     metadata: dict[str, Any] | None = None
+    text: ResponsesText | None = None
 
 
 NAMES = FieldNames.of(
     (ResponsesRequest, MessageItem, TextPart, FunctionCallItem, FunctionCallOutputItem,
-     FunctionTool, FunctionChoice),
+     FunctionTool, FunctionChoice, ResponsesText, FlatJSONSchemaFormat),
     tags=frozenset({"message", "function_call", "function_call_output"}),
 )  # fmt: skip

@@ -29,6 +29,7 @@ from pflash.api.edge import (
     pflash_header,
     to_chat,
 )
+from pflash.api.output_format import echo_text_format, from_text_format
 from pflash.api.requests import ChatCompletionRequest
 from pflash.api.responses import ChatCompletionChunk, ChatCompletionResponse, Usage
 from pflash.api.responses_api.protocol import (
@@ -105,7 +106,10 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         temperature=req.temperature,
         top_p=req.top_p,
     )
-    return to_chat(_conversation(req) | generation, req.model_extra)
+    body = _conversation(req) | generation
+    if (response_format := from_text_format(req.text)) is not None:
+        body["response_format"] = response_format
+    return to_chat(body, req.model_extra, format_param="text.format")
 
 
 def count_request(req: InputTokensRequest) -> ChatCompletionRequest:
@@ -191,7 +195,7 @@ def response_object(
         if isinstance(choice, FunctionChoice)
         else choice or "auto",
         "tools": [t.model_dump(exclude_none=True) for t in source.tools or ()],
-        "text": {"format": {"type": "text"}},
+        "text": echo_text_format(source.text),
         "truncation": "disabled",
         "metadata": source.metadata or {},
         "usage": usage_body,

@@ -674,6 +674,13 @@ class TransformersTarget(TargetBackend):
         session_id: str | None = None,
         tenant: str | None = None,
     ) -> AsyncIterator[GenerationEvent]:
+        if params.output_format is not None:  # the ingress refuses it first; never ignored
+            raise InvalidRequest(
+                "structured output needs a target that constrains its decoding; the "
+                "transformers target cannot",
+                param="response_format",
+                code="unsupported_value",
+            )
         prompt_ids = [int(t) for t in prompt_ids]
         cut = self._check_prompt(prompt_ids, snapshot_cut)
         budget = max_new_tokens(len(prompt_ids), params, self.max_context)

@@ -9,6 +9,7 @@ without torch, httpx or a backend.
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,14 +30,38 @@ GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True)
+class OutputFormat:
+    """JSON the answer must be: any JSON object (`json_object`) or one matching `schema`
+    (`json_schema`; the schema kept as its JSON text, so the value stays frozen). A target
+    honours it by constraining its sampler (vLLM compiles it into a grammar); one that
+    cannot must refuse it rather than answer free text a client will fail to parse."""
+
+    kind: Literal["json_object", "json_schema"]
+    schema: str | None = None
+    name: str = "response"
+    strict: bool | None = None
+
+    def response_format(self) -> dict[str, Any]:
+        """The OpenAI `response_format` value (what vLLM's completions and chat take)."""
+        if self.kind == "json_object":
+            return {"type": "json_object"}
+        spec: dict[str, Any] = {"name": self.name, "schema": json.loads(self.schema or "{}")}
+        if self.strict is not None:
+            spec["strict"] = self.strict
+        return {"type": "json_schema", "json_schema": spec}
+
+
+@dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. `temperature == 0` is greedy; `max_tokens=None` means up to the context."""
+    """How to sample. `temperature == 0` is greedy; `max_tokens=None` means up to the context;
+    `output_format` None means free text."""
 
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    output_format: OutputFormat | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:

@@ -394,6 +394,8 @@ class OpenAITarget(TargetBackend):
             body["stop"] = list(params.stop)
         if params.seed is not None:
             body["seed"] = params.seed
+        if params.output_format is not None:
+            body["response_format"] = params.output_format.response_format()
         return body
 
     async def generate(
