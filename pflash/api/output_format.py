@@ -1,6 +1,7 @@
 """Structured output: the JSON formats the three APIs name (Chat Completions'
 `response_format`, Responses' `text.format`, Messages' `output_config.format`) read as the
-one `OutputFormat` a target is asked for.
+one `OutputFormat` a target is asked for; an edge API puts its format on the chat request as
+that value's `response_format()`.
 
 A format constrains decoding, which only a target that constrains its sampler can honour:
 vLLM behind the `openai` and `ray_llm` backends compiles the schema into a grammar. The
@@ -26,7 +27,7 @@ MAX_SCHEMA_CHARS = 65_536
 SCHEMA_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 CONSTRAINING_BACKENDS = frozenset({"openai", "ray_llm"})
 
-_CONFIG = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+_CONFIG = ConfigDict(strict=True, extra="ignore")
 
 
 def _bounded_schema(v: dict[str, Any]) -> dict[str, Any]:
@@ -132,17 +133,14 @@ def output_format(
     return OutputFormat("json_schema", json.dumps(spec.schema_), spec.name, spec.strict)
 
 
-def from_text_format(text: ResponsesText | None) -> dict[str, Any] | None:
-    """The chat `response_format` for a Responses request's `text` (None: free text)."""
+def text_format(text: ResponsesText | None) -> OutputFormat | None:
+    """What a Responses request's `text.format` asks of the target (None: free text)."""
     fmt = text.format if text is not None else None
     if fmt is None or isinstance(fmt, TextFormat):
         return None
     if isinstance(fmt, JSONObjectFormat):
-        return {"type": "json_object"}
-    spec = {"name": fmt.name, "schema": fmt.schema_}
-    if fmt.strict is not None:
-        spec["strict"] = fmt.strict
-    return {"type": "json_schema", "json_schema": spec}
+        return OutputFormat("json_object")
+    return OutputFormat("json_schema", json.dumps(fmt.schema_), fmt.name, fmt.strict)
 
 
 def echo_text_format(text: ResponsesText | None) -> dict[str, Any]:
@@ -153,12 +151,12 @@ def echo_text_format(text: ResponsesText | None) -> dict[str, Any]:
     return {"format": fmt.model_dump(by_alias=True, exclude_none=True)}
 
 
-def from_output_config(config: MessagesOutputConfig | None) -> dict[str, Any] | None:
-    """The chat `response_format` for a Messages request's `output_config` (None: free text)."""
-    if config is None or config.format is None:
+def messages_format(fmt: MessagesJSONFormat | None) -> OutputFormat | None:
+    """What a Messages request's format asks of the target (None: free text); Anthropic's
+    formats have no name and are always strict."""
+    if fmt is None:
         return None
-    spec = {"name": "output", "schema": config.format.schema_, "strict": True}
-    return {"type": "json_schema", "json_schema": spec}
+    return OutputFormat("json_schema", json.dumps(fmt.schema_), "output", True)
 
 
 def require_constraining_target(fmt: OutputFormat | None, backend: str, param: str) -> None:

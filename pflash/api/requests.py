@@ -479,7 +479,8 @@ def invalid_request_from(err: ValidationError) -> InvalidRequest:
     param = ctx.get("param") or _param_from_loc(tuple(first.get("loc", ())))
     message = first["msg"]
     if first["type"] == "union_tag_invalid":
-        message = f"type {ctx.get('tag', '?')!r} is not supported (supported: {ctx.get('expected_tags', '')})"
+        tag, expected = ctx.get("tag", "?"), ctx.get("expected_tags", "")
+        message = f"type {tag!r} is not supported (supported: {expected})"
     elif message.startswith("Value error, "):
         message = message[len("Value error, ") :]
     value = first.get("input")

@@ -5,8 +5,8 @@ Types are strict like the chat request's ("5" is not an integer). Fields this se
 not act on are accepted and ignored: `cache_control` on any block or tool, `metadata`,
 `top_k` (the targets sample by temperature and top-p only), `service_tier`, `thinking`,
 `citations`, `output_config.effort`. `output_config.format` (or the beta's `output_format`)
-asks for JSON matching a schema (`api.output_format`). Content kinds it cannot serve (`image`, `document`, `thinking`, server tools)
-are a 400 naming the block. PFlash's own fields (`pflash_mode`, `pflash_keep_ratio`,
+asks for JSON matching a schema (`api.output_format`). Content kinds it cannot serve
+(`image`, `document`, `thinking`, server tools) are a 400 naming the block. PFlash's own fields (`pflash_mode`, `pflash_keep_ratio`,
 `pflash_query`, `pflash_required`, `pflash_return_prompt`, `session_id`) and `seed` ride at
 the top level (the SDK's `extra_body`) and are validated by the chat request.
 """

@@ -42,7 +42,7 @@ from pflash.api.messages.protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from pflash.api.output_format import MessagesOutputConfig, from_output_config
+from pflash.api.output_format import messages_format
 from pflash.api.requests import ChatCompletionRequest
 from pflash.api.responses import ChatCompletionChunk, ChatCompletionResponse, Usage
 from pflash.errors import InvalidRequest
@@ -193,14 +193,13 @@ def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
         stop=req.stop_sequences,
     )
     body = _conversation(req) | generation
-    config = req.output_config
-    if req.output_format is not None:
-        config, param = MessagesOutputConfig(format=req.output_format), "output_format"
-    else:
-        param = "output_config.format"
-    if (response_format := from_output_config(config)) is not None:
-        body["response_format"] = response_format
-    return to_chat(body, req.model_extra, format_param=param)
+    beta = req.output_format is not None
+    fmt = req.output_format if beta else req.output_config and req.output_config.format
+    if (wanted := messages_format(fmt)) is not None:
+        body["response_format"] = wanted.response_format()
+    return to_chat(
+        body, req.model_extra, format_param="output_format" if beta else "output_config.format"
+    )
 
 
 def count_request(req: CountTokensRequest) -> ChatCompletionRequest:

@@ -29,7 +29,7 @@ from pflash.api.edge import (
     pflash_header,
     to_chat,
 )
-from pflash.api.output_format import echo_text_format, from_text_format
+from pflash.api.output_format import echo_text_format, text_format
 from pflash.api.requests import ChatCompletionRequest
 from pflash.api.responses import ChatCompletionChunk, ChatCompletionResponse, Usage
 from pflash.api.responses_api.protocol import (
@@ -107,8 +107,8 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         top_p=req.top_p,
     )
     body = _conversation(req) | generation
-    if (response_format := from_text_format(req.text)) is not None:
-        body["response_format"] = response_format
+    if (wanted := text_format(req.text)) is not None:
+        body["response_format"] = wanted.response_format()
     return to_chat(body, req.model_extra, format_param="text.format")
 
 
