@@ -174,7 +174,13 @@ def _exit_on_sigterm(signum, frame):
 
 LIVE: set[ServeCluster] = set()  # started and not yet stopped: what a failing test reports
 # a Serve line at WARNING or ERROR, a raylet line at W, E or F, a worker killed or crashed
-INCIDENT = re.compile(r"^(WARNING|ERROR)\b|^\[[^\]]* [WEF] \d|Killing worker|SIGSEGV|core dumped")
+# warnings and errors; the raylet's worker deaths; and access lines of requests that ended
+# in a 5xx or were cancelled (Serve logs both at INFO: a client's bare 500 came from a
+# request the replica logged as CANCELLED and the proxy as 499, "client disconnected")
+INCIDENT = re.compile(
+    r"^(WARNING|ERROR)\b|^\[[^\]]* [WEF] \d|Killing worker|SIGSEGV|core dumped"
+    r"| -- [A-Z]+ \S+ (499|5\d\d|CANCELLED) [\d.]+ms$"
+)
 STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}")
 
 

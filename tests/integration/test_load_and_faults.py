@@ -13,17 +13,23 @@ reached with few requests on 2 cores. Every request asks for compression
   requests are in flight, the way the kernel's OOM killer ends a process. Those requests
   end with a compressed answer or an envelope error; a new request succeeds once Serve has
   restarted the replica. The printed recovery times are measurements, not assertions.
+- a client that gives up: on a fresh Ingress replica, while the target is stopped, the
+  first client times out; the next request, sharing the fetch of the target's context that
+  the first one started, is answered once the target resumes (it was Serve's bare 500).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from pflash_lab.bench.launch import ServeCluster, free_port
@@ -137,3 +143,36 @@ def test_a_hung_replica_is_a_504_naming_its_stage_after_the_call_deadline(app, v
     print(
         f"\n{victim} hung: 504 after {took:.1f} s; serving again {since_cont:.1f} s after SIGCONT"
     )
+
+
+def test_a_client_that_gives_up_on_a_fresh_ingress_does_not_fail_the_next_request(app):
+    """A fresh Ingress replica fetches the target's context once, for every request that
+    arrives meanwhile. Serve cancels the remote calls of a request whose client went away;
+    the fetch started inside the first request died with it, and the next request, which
+    had begun to wait on it, was Serve's bare 500 (seen in CI: a gateway in front timed out
+    on its first call while the target was still loading)."""
+    faults.kill(faults.replica_pids("Ingress"))  # its replacement has fetched nothing yet
+    deadline = time.monotonic() + 240
+    while True:  # /healthz asks the target nothing
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{app}/healthz", timeout=10).status_code == 200:
+                break
+        assert time.monotonic() < deadline, "the Ingress did not come back"
+        time.sleep(1)
+    targets = faults.replica_pids("TargetModel")
+    assert targets, "no TargetModel process found"
+    for pid in targets:  # the fetch waits on the target for as long as it is stopped
+        os.kill(pid, signal.SIGSTOP)
+    resume = threading.Timer(3.0, lambda: [os.kill(pid, signal.SIGCONT) for pid in targets])
+    try:
+        with pytest.raises(httpx.ReadTimeout):  # the first client gives up
+            httpx.get(f"{app}/v1/models", timeout=2)
+        resume.start()
+        r = httpx.get(f"{app}/v1/models", timeout=120)
+    finally:
+        resume.cancel()
+        for pid in targets:
+            os.kill(pid, signal.SIGCONT)
+    assert r.status_code == 200, r.text
+    (card,) = r.json()["data"]
+    assert card["max_model_len"] > 0

@@ -15,15 +15,20 @@ def _cluster(tmp_path, files: dict[str, str]) -> ServeCluster:
     return cluster
 
 
-def test_incidents_are_the_warnings_errors_and_worker_deaths_in_time_order(tmp_path):
+def test_incidents_are_warnings_errors_worker_deaths_and_failed_requests_in_time_order(tmp_path):
     cluster = _cluster(
         tmp_path,
         {
             "serve/replica_pflash_Ingress_a.log": (
                 "INFO 2026-12-05 03:04:23,100 pflash_Ingress a -- POST /v1/chat 200 3ms\n"
                 "ERROR 2026-12-05 03:04:25,000 pflash_Ingress a -- request failed (503)\n"
+                "INFO 2026-12-05 03:04:26,000 pflash_Ingress a r-2 -- GET /v1/models CANCELLED 4.7ms\n"
             ),
-            "serve/proxy_1.log": "WARNING 2026-12-05 03:04:24,000 proxy -- Request failed\n",
+            "serve/proxy_1.log": (
+                "WARNING 2026-12-05 03:04:24,000 proxy -- Request failed\n"
+                "INFO 2026-12-05 03:04:26,100 proxy 1 r-2 -- GET /v1/models 499 13.6ms\n"
+                "INFO 2026-12-05 03:04:26,200 proxy 1 r-3 -- POST /v1/messages 500 3.1ms\n"
+            ),
             "raylet.out": (
                 "[2026-12-05 03:04:23,500 I 1 1] (raylet) node_manager.cc: lease granted\n"
                 "[2026-12-05 03:04:23,900 E 1 1] (raylet) Killing worker 7: memory used 0.96\n"
@@ -35,8 +40,12 @@ def test_incidents_are_the_warnings_errors_and_worker_deaths_in_time_order(tmp_p
         "raylet.out",
         "proxy_1.log",
         "replica_pflash_Ingress_a.log",
+        "replica_pflash_Ingress_a.log",  # the cancelled request, then the proxy's view of it
+        "proxy_1.log",
+        "proxy_1.log",
     ]
     assert "Killing worker 7" in lines[0]
+    assert lines[-1].endswith("POST /v1/messages 500 3.1ms")
     assert "200 3ms" not in "\n".join(lines)  # an ordinary access line is not an incident
 
 

@@ -8,6 +8,7 @@ as the flow matches them); the tokenizer, rendering and planning are the real on
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 
 import numpy as np
@@ -251,6 +252,102 @@ def test_concurrent_first_callers_share_one_fetch_and_a_failed_fetch_is_retried(
     assert all(isinstance(r, BackPressureError) for r in first)  # 20 callers, one refusal
     assert second == [{"threshold": 0.5}] * 20 and third == {"threshold": 0.5}
     assert calls == [0, 1]  # one fetch per burst, none once the value is known
+
+
+# Serve's request context: a replica cancels the remote calls made under a request (found
+# through this context, which a task inherits from whoever creates it) when the request's
+# client goes away. `_remote_call` registers a call under the context it runs in, as Serve does.
+REQUEST = contextvars.ContextVar("request", default=None)
+
+
+def _remote_calls():
+    calls: dict[str | None, list[asyncio.Future]] = {}
+
+    def call() -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        calls.setdefault(REQUEST.get(), []).append(future)
+        return future
+
+    def cancel_request(request: str) -> None:
+        for future in calls.pop(request, []):
+            future.cancel()
+
+    return calls, call, cancel_request
+
+
+def test_a_shared_fetch_runs_in_no_callers_request_context():
+    seen = []
+
+    async def fetch():
+        seen.append(REQUEST.get())
+        return 8192
+
+    once = Once(fetch)
+
+    async def request(rid):
+        REQUEST.set(rid)
+        return await once()
+
+    assert asyncio.run(request("req-1")) == 8192
+    assert seen == [None]
+
+
+def test_a_client_that_gives_up_does_not_fail_the_request_sharing_its_fetch():
+    """The first request starts the fetch and its client goes away (Serve cancels the request
+    and the remote calls made under it); the next request, already waiting on the same
+    fetch, gets the value. Before: a cancellation it never asked for, Serve's bare 500."""
+    calls, call, cancel_request = _remote_calls()
+    once = Once(lambda: call())
+
+    async def request(rid):
+        REQUEST.set(rid)
+        return await once()
+
+    async def main():
+        first = asyncio.create_task(request("req-1"))
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(request("req-2"))
+        await asyncio.sleep(0.01)
+        first.cancel()  # the proxy cancels the request whose client went away ...
+        cancel_request("req-1")  # ... and the replica cancels that request's remote calls
+        await asyncio.sleep(0.01)
+        (pending,) = calls[None]  # the fetch's call belongs to no request
+        pending.set_result(8192)
+        return await asyncio.gather(first, second, return_exceptions=True)
+
+    first, second = asyncio.run(main())
+    assert isinstance(first, asyncio.CancelledError)
+    assert second == 8192
+
+
+def test_a_fetch_cancelled_from_elsewhere_is_a_503_naming_the_target_and_is_retried():
+    """A caller that was not cancelled never sees a cancellation: the target's context
+    fetch cancelled under it is the target stage unavailable (503, Retry-After); the next
+    request fetches again."""
+    calls, call, _ = _remote_calls()
+    results = iter([None, 8192])
+
+    async def fetch():
+        value = next(results)
+        if value is None:
+            await call()  # cancelled below, by something other than the caller
+        return value
+
+    compressor = Compressor(
+        target_tokenizer=None, drafter_tokenizer=None, scorer=None, max_context=fetch
+    )
+
+    async def main():
+        waiting = asyncio.create_task(compressor.max_context())
+        await asyncio.sleep(0.01)
+        calls[None][0].cancel()
+        first = await asyncio.gather(waiting, return_exceptions=True)
+        return first[0], await compressor.max_context()
+
+    first, second = asyncio.run(main())
+    assert isinstance(first, StageUnavailable) and first.stage == "target"
+    assert api.error_response(first)[0] == 503
+    assert second == 8192
 
 
 def _uniform_scorer(calls=None):
