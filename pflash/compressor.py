@@ -38,7 +38,6 @@ CLI, benchmark and test plugs into it (`local_scorer`, `LocalProbe`, `LocalStore
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import hashlib
 import json
 import logging
@@ -49,6 +48,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pflash.background import being_cancelled, detached
 from pflash.compress.budget import configured_keep_ratio
 from pflash.compress.pipeline import (
     Compressed,
@@ -628,14 +628,11 @@ class Once:
     after waiting out their drafter pass). A failed fetch is not kept: the next caller
     tries again.
 
-    The fetch belongs to no caller. It runs in a context of its own: a Serve replica
-    cancels the remote calls a request made when that request's client goes away, and it
-    finds them through the request's context, which a task inherits from whoever creates
-    it. A fetch started inside the first request died with it, after the next request had
-    begun to wait on it: a client that gave up on a fresh replica turned the next client's
-    request into Serve's bare 500. A caller that is not itself being cancelled never sees a
-    cancellation: a fetch cancelled from elsewhere is `FetchCancelled`, an error its caller
-    maps to its stage."""
+    The fetch belongs to no caller (`pflash.background.detached`): started inside the first
+    request, it died with it when that client gave up, and the next request, already
+    waiting on it, was Serve's bare 500. A caller that is not itself being cancelled never
+    sees a cancellation: a fetch cancelled from elsewhere is `FetchCancelled`, an error its
+    caller maps to its stage."""
 
     def __init__(self, fetch: Callable[[], Awaitable[Any]]):
         self._fetch = fetch
@@ -643,31 +640,20 @@ class Once:
 
     async def __call__(self) -> Any:
         if self._task is None:
-            loop = asyncio.get_running_loop()
-            self._task = loop.create_task(self._detached(), context=contextvars.Context())
+            self._task = detached(self._fetch)
         task = self._task
         try:
             return await asyncio.shield(task)
         except BaseException as exc:
             if task.done() and self._task is task and (task.cancelled() or task.exception()):
                 self._task = None
-            if isinstance(exc, asyncio.CancelledError) and not _being_cancelled():
+            if isinstance(exc, asyncio.CancelledError) and not being_cancelled():
                 raise FetchCancelled("the shared fetch was cancelled") from None
             raise
-
-    async def _detached(self) -> Any:
-        return await self._fetch()  # called here: even its first, synchronous step is the task's
 
 
 class FetchCancelled(Exception):
     """A shared fetch (`Once`) was cancelled while a caller that was not cancelled waited."""
-
-
-def _being_cancelled() -> bool:
-    """Whether the running task has been asked to stop (its request's client went away,
-    a deadline), as opposed to a cancellation raised out of something it awaited."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 def _cancel(response: Any) -> None:

@@ -22,12 +22,18 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pflash.background import being_cancelled, detached
+
 log = logging.getLogger(__name__)
 
 READY_INTERVAL_S = 5.0  # seconds between two rounds of checks
 READY_TIMEOUT_S = 5.0  # how long each deployment has to answer one check
 READY_MAX_AGE_S = 2 * READY_INTERVAL_S + READY_TIMEOUT_S  # an answer older is not ready
 RETRY_AFTER_S = 5
+
+
+class CheckCancelled(Exception):
+    """A check's call was cancelled by something other than the refresher (the runtime)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,10 @@ class ReadinessCache:
     ignored; an exception or a timeout is a failed check). The refresher starts on the
     first `answer()` (it needs the replica's event loop) and restarts there if it ever
     stopped; the first callers wait for its first round, every later one is answered at
-    once from the cache."""
+    once from the cache. It belongs to no probe (`pflash.background.detached`): a probe
+    client that gives up (Kubernetes' default timeout is 1 s, and a first round waits on
+    deployments still loading) cancels only its own request, not the checks in flight, and
+    a check cancelled from elsewhere is a failed check, not the refresher's end."""
 
     def __init__(
         self,
@@ -102,7 +111,7 @@ class ReadinessCache:
         """`readiness_answer` of the cache, starting the refresher if it is not running."""
         if self._task is None or self._task.done():
             self._first_round = self._first_round or asyncio.Event()
-            self._task = asyncio.ensure_future(self._refresh_forever())
+            self._task = detached(self._refresh_forever)
         if not self._first_round.is_set():
             try:  # a round is bounded by timeout_s; the slack covers scheduling
                 async with asyncio.timeout(self.timeout_s + 1.0):
@@ -121,7 +130,12 @@ class ReadinessCache:
 
     async def _check(self, name: str) -> None:
         try:
-            await asyncio.wait_for(_awaited(self.checks[name]()), self.timeout_s)
+            try:
+                await asyncio.wait_for(_awaited(self.checks[name]()), self.timeout_s)
+            except asyncio.CancelledError:
+                if being_cancelled():
+                    raise
+                raise CheckCancelled(name) from None
         except Exception as exc:
             log.warning("readyz: %s did not answer: %s", name, type(exc).__name__)
             self.states[name] = CheckState(self.states[name].answered_at, type(exc).__name__)

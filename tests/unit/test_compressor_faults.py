@@ -8,8 +8,9 @@ as the flow matches them); the tokenizer, rendering and planning are the real on
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,9 @@ from pflash.compressor import Compressor, LocalStore, Once, compression_request,
 from pflash.config import build_config
 from pflash.errors import CompressionFailed, StageUnavailable
 from pflash.views.store import ViewStore
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
+from serve_cancellation import REQUEST, RemoteCalls  # noqa: E402
 
 DOCUMENT = " ".join(f"Clause {i} says the licensee keeps the notice intact." for i in range(300))
 
@@ -254,27 +258,6 @@ def test_concurrent_first_callers_share_one_fetch_and_a_failed_fetch_is_retried(
     assert calls == [0, 1]  # one fetch per burst, none once the value is known
 
 
-# Serve's request context: a replica cancels the remote calls made under a request (found
-# through this context, which a task inherits from whoever creates it) when the request's
-# client goes away. `_remote_call` registers a call under the context it runs in, as Serve does.
-REQUEST = contextvars.ContextVar("request", default=None)
-
-
-def _remote_calls():
-    calls: dict[str | None, list[asyncio.Future]] = {}
-
-    def call() -> asyncio.Future:
-        future = asyncio.get_running_loop().create_future()
-        calls.setdefault(REQUEST.get(), []).append(future)
-        return future
-
-    def cancel_request(request: str) -> None:
-        for future in calls.pop(request, []):
-            future.cancel()
-
-    return calls, call, cancel_request
-
-
 def test_a_shared_fetch_runs_in_no_callers_request_context():
     seen = []
 
@@ -296,8 +279,8 @@ def test_a_client_that_gives_up_does_not_fail_the_request_sharing_its_fetch():
     """The first request starts the fetch and its client goes away (Serve cancels the request
     and the remote calls made under it); the next request, already waiting on the same
     fetch, gets the value. Before: a cancellation it never asked for, Serve's bare 500."""
-    calls, call, cancel_request = _remote_calls()
-    once = Once(lambda: call())
+    remote = RemoteCalls()
+    once = Once(remote.call)
 
     async def request(rid):
         REQUEST.set(rid)
@@ -309,9 +292,9 @@ def test_a_client_that_gives_up_does_not_fail_the_request_sharing_its_fetch():
         second = asyncio.create_task(request("req-2"))
         await asyncio.sleep(0.01)
         first.cancel()  # the proxy cancels the request whose client went away ...
-        cancel_request("req-1")  # ... and the replica cancels that request's remote calls
+        remote.cancel_request("req-1")  # ... and the replica cancels that request's calls
         await asyncio.sleep(0.01)
-        (pending,) = calls[None]  # the fetch's call belongs to no request
+        (pending,) = remote.by_request[None]  # the fetch's call belongs to no request
         pending.set_result(8192)
         return await asyncio.gather(first, second, return_exceptions=True)
 
@@ -324,13 +307,13 @@ def test_a_fetch_cancelled_from_elsewhere_is_a_503_naming_the_target_and_is_retr
     """A caller that was not cancelled never sees a cancellation: the target's context
     fetch cancelled under it is the target stage unavailable (503, Retry-After); the next
     request fetches again."""
-    calls, call, _ = _remote_calls()
+    remote = RemoteCalls()
     results = iter([None, 8192])
 
     async def fetch():
         value = next(results)
         if value is None:
-            await call()  # cancelled below, by something other than the caller
+            await remote.call()  # cancelled below, by something other than the caller
         return value
 
     compressor = Compressor(
@@ -340,7 +323,7 @@ def test_a_fetch_cancelled_from_elsewhere_is_a_503_naming_the_target_and_is_retr
     async def main():
         waiting = asyncio.create_task(compressor.max_context())
         await asyncio.sleep(0.01)
-        calls[None][0].cancel()
+        remote.by_request[None][0].cancel()
         first = await asyncio.gather(waiting, return_exceptions=True)
         return first[0], await compressor.max_context()
 

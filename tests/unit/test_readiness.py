@@ -4,8 +4,13 @@ deployments are asked once per interval whatever the number of probes."""
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 
 from pflash.readiness import CheckState, ReadinessCache, readiness_answer
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
+from serve_cancellation import REQUEST, RemoteCalls  # noqa: E402
 
 
 def test_ready_when_every_deployment_answered_within_max_age():
@@ -119,3 +124,60 @@ def test_a_stopped_refresher_is_restarted_by_the_next_probe():
         return target.calls
 
     assert asyncio.run(run()) == 2
+
+
+def test_a_probe_that_gives_up_does_not_stop_the_checks_it_started():
+    """The first probe starts the refresher; its client gives up during the first round
+    (a deployment still loading) and Serve cancels that probe's remote calls. The checks
+    belong to no probe: they go on, and the next probe is answered from them."""
+    remote = RemoteCalls()
+
+    async def run():
+        cache = ReadinessCache({"target": remote.call}, interval_s=10)
+
+        async def probe(rid):
+            REQUEST.set(rid)
+            return await cache.answer()
+
+        first = asyncio.create_task(probe("probe-1"))
+        await asyncio.sleep(0.01)
+        refresher = cache._task
+        first.cancel()  # the probe's client went away ...
+        remote.cancel_request("probe-1")  # ... and the replica cancels that probe's calls
+        await asyncio.sleep(0.01)
+        (check,) = remote.by_request[None]  # the check was made by no probe
+        check.set_result("ok")
+        second = await probe("probe-2")
+        same = cache._task is refresher and not refresher.done()
+        cache.close()
+        return second, same
+
+    second, same = asyncio.run(run())
+    assert second[0] == 200 and second[1]["checks"] == {"target": "ok"}
+    assert same  # still the first refresher: nothing stopped it
+
+
+def test_a_check_cancelled_from_elsewhere_is_a_failed_check_and_the_refresher_goes_on():
+    remote = RemoteCalls()
+    answers = iter(["cancelled", "ok"])
+
+    async def check():
+        if next(answers) == "cancelled":
+            return await remote.call()  # cancelled below by the runtime, not the refresher
+        return "ok"
+
+    async def run():
+        cache = ReadinessCache({"target": check}, interval_s=0.05)
+        answering = asyncio.create_task(cache.answer())
+        await asyncio.sleep(0.01)
+        remote.by_request[None][0].cancel()
+        first = await answering
+        state = cache.states["target"]
+        await asyncio.sleep(0.1)  # the next round
+        second = await cache.answer()
+        cache.close()
+        return first, state, second
+
+    first, state, second = asyncio.run(run())
+    assert first[0] == 503 and state == CheckState(None, "CheckCancelled")
+    assert second[0] == 200
