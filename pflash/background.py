@@ -3,10 +3,9 @@
 A Serve replica cancels the remote calls a request made when that request is cancelled (its
 client went away, a proxy timeout), and it finds them through the request's context, which
 an asyncio task inherits from whoever creates it. A task meant to outlive the request that
-happens to start it (a fetch other requests share, a background refresher, a read-ahead for
-the conversation's next turn) is therefore started in a context of its own: otherwise it
-dies with that request, and whoever waits on it sees a cancellation it never asked for,
-which Serve answers with a bare 500.
+happens to start it (a fetch other requests share, a background refresher) is therefore
+started in a context of its own: otherwise it dies with that request, and whoever waits on
+it sees a cancellation it never asked for, which Serve answers with a bare 500.
 """
 
 from __future__ import annotations

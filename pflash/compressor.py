@@ -464,17 +464,14 @@ class Compressor:
         Best effort, never in a response's way: one per conversation, at most
         `READ_AHEAD_MAX` in flight per compressor, skipped when either is reached, and a
         failure is logged and counted, not raised (the next turn that needs the drafter
-        fails closed on its own). It belongs to the conversation, not to the step that
-        starts it (`pflash.background.detached`): an agent's user who interrupts the step
-        (its client goes away, and Serve cancels the calls made under that request) keeps
-        what was read ahead for the next turn."""
+        fails closed on its own)."""
         config, key = request.config, request.conversation
         if not (config.chat_read_ahead and prepared.compress and key):
             return
         if key in self._reading or len(self._reading) >= READ_AHEAD_MAX:
             self.record("pflash_read_aheads", outcome="skipped")
             return
-        task = detached(lambda: self._read(prepared, request))  # outlives an interrupted step
+        task = asyncio.get_running_loop().create_task(self._read(prepared, request))
         self._reading[key] = task
         task.add_done_callback(lambda _: self._reading.pop(key, None))
 
@@ -486,10 +483,8 @@ class Compressor:
                 if self.probe is not None and score_request.want_tap:
                     await self.probe.segment(response)  # the probe keeps the new rows' logits
                 result = await response
-        except (Exception, asyncio.CancelledError) as exc:
-            if isinstance(exc, asyncio.CancelledError) and being_cancelled():
-                raise
-            log.warning("read-ahead failed (the next turn scores these tokens itself): %r", exc)
+        except Exception as exc:
+            log.warning("read-ahead failed (the next turn scores these tokens itself): %s", exc)
             self.record("pflash_read_aheads", outcome="failed")
             return
         self.record(

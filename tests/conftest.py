@@ -47,21 +47,12 @@ def tool_step(name: str, output: str, n: int) -> list[dict]:
 
 
 def serve_turns(
-    tokenizer,
-    scorer,
-    config,
-    turns,
-    session_id: str,
-    *,
-    record=None,
-    reuse_memo=True,
-    before_turn=None,
+    tokenizer, scorer, config, turns, session_id: str, *, record=None, reuse_memo=True
 ) -> list:
     """Each chat of `turns` (message lists, one conversation growing) through one real
     `Compressor` with a view store, as tenant-a: the `Compressed` result of every turn.
     `scorer` is called in process; `record` receives the flow's metric events;
-    `reuse_memo` False: the flow derives every turn from scratch (no `TurnMemo`);
-    `before_turn(i)` runs before turn i, in the context the turn inherits."""
+    `reuse_memo` False: the flow derives every turn from scratch (no `TurnMemo`)."""
     from pflash import api
     from pflash.compressor import (
         Compressor,
@@ -82,9 +73,7 @@ def serve_turns(
         reuse_memo=reuse_memo,
     )
     out = []
-    for turn, messages in enumerate(turns):
-        if before_turn is not None:
-            before_turn(turn)
+    for messages in turns:
         body = {"messages": messages, "max_tokens": 32, "session_id": session_id}
         req = api.parse_chat_request(body)
         job = compression_request(req, render_request(req, "chat", tokenizer), config, "tenant-a")

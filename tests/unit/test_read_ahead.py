@@ -7,9 +7,6 @@ not the weights, are under test); the flow, views and tokenizer are the real one
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 from conftest import UNTUNED, license_text, serve_turns, tool_step
 
@@ -18,9 +15,6 @@ from pflash.compress.scoring import ScoreRequest, is_skipped_read_ahead
 from pflash.config import build_config
 from pflash.models.drafter.scorer import DrafterScorer
 from pflash.spans import Span
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
-from serve_cancellation import REQUEST  # noqa: E402
 
 FACT = "The archive password for the blue vault is heliotrope-42."
 
@@ -136,28 +130,3 @@ def test_a_read_ahead_the_conversation_outran_is_skipped_and_leaves_the_session(
     ran = scorer(_request(longer, read_ahead=True))
     assert not is_skipped_read_ahead(ran)
     assert ran.scorer_resume > 0 and scorer.sessions.get("conv").ids == longer
-
-
-def test_a_read_ahead_belongs_to_no_request(smollm2_tokenizer, tiny_llama_drafter):
-    """A read-ahead outlives the step that starts it: an agent's user who interrupts that
-    step (its client goes away, and Serve cancels the calls made under the request) keeps
-    what was read ahead for the next turn. So its drafter calls are made under no request,
-    and each turn's own calls under that turn's."""
-    config = _config()
-    scorer = DrafterScorer(config, tiny_llama_drafter)
-    seen: list[tuple[bool, str | None]] = []
-
-    def score(request: ScoreRequest):
-        seen.append((request.read_ahead, REQUEST.get()))
-        return scorer(request)
-
-    serve_turns(
-        smollm2_tokenizer,
-        score,
-        config,
-        _turns(),
-        "a1",
-        before_turn=lambda turn: REQUEST.set(f"turn-{turn}"),
-    )
-    assert [rid for ahead, rid in seen if ahead] == [None, None]  # the two tool steps'
-    assert [rid for ahead, rid in seen if not ahead] == ["turn-0", "turn-3"]
