@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,7 +33,7 @@ from deployments.metrics import ServeMetrics
 from deployments.resources import freeze_startup_heap
 from deployments.session_store import STORE_NAME
 from pflash import api
-from pflash.admission import TokenBound, cap_output, check_prompt_bound, read_body
+from pflash.admission import TokenBound, check_prompt_bound, read_body, request_params
 from pflash.compress.encoding_memo import EncodingMemo
 from pflash.compress.pipeline import Compressed
 from pflash.compress.scoring import ScoreRequest
@@ -388,12 +388,19 @@ class Ingress:
         forwarded = ",".join(request.headers.getlist("x-forwarded-for"))
         return tenant_for(self.tenants, request.headers.get("authorization"), peer, forwarded)
 
-    def _admit(self, body: bytes, kind: str, edge: api.Edge | api.Counter | None = None):
-        """Parse and validate the body (an `edge` API's as its chat request), apply the
-        request's overrides and the output cap, and refuse a prompt certain to exceed
-        `max_prompt_tokens` before it is rendered: (the edge exchange or None, the request,
-        its config, its sampling parameters)."""
-        exchange = edge.parse(body) if edge is not None else None
+    def _admit(
+        self,
+        body: bytes,
+        kind: str,
+        edge: api.Edge | api.Counter | None = None,
+        headers: Mapping[str, str] | None = None,
+    ):
+        """Parse and validate the body (an `edge` API's as its chat request, `headers` the
+        request's, where agent clients name their session), apply the request's overrides
+        and the output cap, and refuse a prompt certain to exceed `max_prompt_tokens` before
+        it is rendered: (the edge exchange or None, the request, its config, its sampling
+        parameters)."""
+        exchange = edge.parse(body, headers) if edge is not None else None
         if exchange is not None:
             req = exchange.chat
         elif kind == "chat":
@@ -403,7 +410,7 @@ class Ingress:
         config = self.config
         req.check_allowed(config)
         config = config.with_request_overrides(req.overrides())
-        params = cap_output(req.sampling_params(), config.max_output_tokens)
+        params = request_params(req, config)
         check_prompt_bound(req, kind, self.token_bound, config.max_prompt_tokens)
         return exchange, req, config, params
 
@@ -433,10 +440,13 @@ class Ingress:
         its sampling parameters, the rendered prompt). Raises the client's mistakes (4xx)
         before any model runs."""
         tenant, body = await self._read(request)
+        headers = dict(request.headers)
         if len(body) > PARSE_INLINE_BYTES:  # a large body is parsed off the event loop
-            exchange, req, config, params = await asyncio.to_thread(self._admit, body, kind, edge)
+            exchange, req, config, params = await asyncio.to_thread(
+                self._admit, body, kind, edge, headers
+            )
         else:
-            exchange, req, config, params = self._admit(body, kind, edge)
+            exchange, req, config, params = self._admit(body, kind, edge, headers)
         check_return_prompt(tenant, req.pflash_return_prompt)
         prompt = await asyncio.to_thread(
             render_request,
@@ -477,10 +487,12 @@ class Ingress:
             self.metrics.record("pflash_errors", stage="request")
             return error_json(exc, rid, edge)
         deadline = asyncio.get_running_loop().time() + config.request_timeout_s
-        job = compression_request(req, prompt, config, tenant.id)
+        job = compression_request(req, prompt, config, tenant.id, params)
         key = job.conversation
         meta = api.ResponseMeta.new(req.model or config.served_model_names[0], kind)
-        headers = self._headers(rid, edge)
+        headers = {**self._headers(rid, edge), **(exchange.headers if exchange else {})}
+        for tool in exchange.not_offered if exchange else ():
+            self.metrics.record("pflash_tools_not_offered", tool=tool)
         try:  # planning raises the client's mistakes: a 4xx before any byte is sent
             async with asyncio.timeout_at(deadline):
                 pending = await self.compressor.start(job)

@@ -1,6 +1,6 @@
 """What a request must pass before work is spent on it: its body arrives in time and within
 `max_body_bytes`, its prompt is not certain to exceed `max_prompt_tokens` before the chat is
-rendered and tokenized, and it asks for no more output than `max_output_tokens`.
+rendered and tokenized, and what it may generate is bounded by `max_output_tokens`.
 
 Each check is cheap next to what it saves (reading, rendering and tokenizing up to 16 MiB),
 and refuses only what is certain to be refused later: the early prompt check uses a lower
@@ -78,20 +78,24 @@ async def read_body(
 
 
 def cap_output(params: SamplingParams, cap: int | None) -> SamplingParams:
-    """`max_output_tokens`: a request without max_tokens gets `cap`; one asking for more is
-    a 400 naming max_tokens (never silently shortened); `cap` None leaves it as asked."""
+    """`max_output_tokens`: a request generates at most `cap` tokens, whether it asked for
+    fewer, none or more (`cap` None leaves it as asked).
+
+    Why more is clamped rather than refused: a client cannot know this server's cap before
+    its first call, and agent clients send their own large default (Claude Code asks for
+    32,000 of a model it does not know); an answer that reaches the cap ends with
+    `finish_reason` "length" (`max_tokens`, `incomplete`), which every client handles."""
     if cap is None:
         return params
-    if params.max_tokens is None:
+    if params.max_tokens is None or params.max_tokens > cap:
         return replace(params, max_tokens=cap)
-    if params.max_tokens > cap:
-        raise InvalidRequest(
-            f"max_tokens is {params.max_tokens}; this server generates at most {cap} tokens "
-            "per request (max_output_tokens)",
-            param="max_tokens",
-            code="invalid_value",
-        )
     return params
+
+
+def request_params(req: Any, config: Any) -> SamplingParams:
+    """The sampling parameters a parsed request runs with: its own, with `max_output_tokens`
+    applied (`cap_output`). Computed once per request; planning and the target both read it."""
+    return cap_output(req.sampling_params(), config.max_output_tokens)
 
 
 @dataclass(frozen=True)

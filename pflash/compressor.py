@@ -71,6 +71,7 @@ from pflash.compress.segments import ProbeParams
 from pflash.compress.turn_memo import TurnMemo
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, InvalidRequest, StageUnavailable, runtime_failure
+from pflash.models.target.protocol import SamplingParams
 from pflash.views.decision import View, decide_view, served_result
 from pflash.views.keys import view_keys
 
@@ -532,10 +533,12 @@ def render_request(
 
 
 def compression_request(
-    req: Any, prompt: RenderedPrompt, config: PFlashConfig, tenant: str
+    req: Any, prompt: RenderedPrompt, config: PFlashConfig, tenant: str, params: SamplingParams
 ) -> CompressionRequest:
     """The flow's input for a parsed API request whose `config` has the request's overrides
-    applied (`config.with_request_overrides`)."""
+    applied (`config.with_request_overrides`). `params`: the sampling parameters the target
+    will be given (`admission.cap_output` applied), so the room planning leaves for the
+    answer is the room the answer is asked to fill."""
     return CompressionRequest(
         prompt=prompt,
         config=config,
@@ -544,7 +547,7 @@ def compression_request(
         session_id=req.session_id,
         pflash_query=req.pflash_query,
         pflash_required=tuple(req.pflash_required or ()),
-        max_output=req.sampling_params().max_tokens or 0,
+        max_output=params.max_tokens or 0,
         keep_text=req.pflash_return_prompt,
         keep_ratio=req.pflash_keep_ratio,
     )

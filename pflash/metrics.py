@@ -101,6 +101,12 @@ METRICS: tuple[MetricDef, ...] = (
         "pflash_bypasses", "counter", "Requests served uncompressed, by reason.", ("reason",)
     ),
     MetricDef("pflash_errors", "counter", "Failed requests by stage.", ("stage",)),
+    MetricDef(
+        "pflash_tools_not_offered",
+        "counter",
+        "Declared tools the model was not offered (hosted tools this server cannot run), by type.",
+        ("tool",),
+    ),
 )
 
 BY_NAME = {m.name: m for m in METRICS}

@@ -54,6 +54,7 @@ def serve_turns(
     `scorer` is called in process; `record` receives the flow's metric events;
     `reuse_memo` False: the flow derives every turn from scratch (no `TurnMemo`)."""
     from pflash import api
+    from pflash.admission import request_params
     from pflash.compressor import (
         Compressor,
         LocalStore,
@@ -76,7 +77,13 @@ def serve_turns(
     for messages in turns:
         body = {"messages": messages, "max_tokens": 32, "session_id": session_id}
         req = api.parse_chat_request(body)
-        job = compression_request(req, render_request(req, "chat", tokenizer), config, "tenant-a")
+        job = compression_request(
+            req,
+            render_request(req, "chat", tokenizer),
+            config,
+            "tenant-a",
+            request_params(req, config),
+        )
         out.append(flow.run_sync(job).compressed)
     return out
 

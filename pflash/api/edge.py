@@ -12,7 +12,7 @@ turns the chat flow's answer (one `ChatCompletionResponse`, or the stream of
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -20,13 +20,15 @@ from pydantic import BaseModel, ValidationError
 
 from pflash.api.body import json_object
 from pflash.api.envelope import SSE_DONE, sse_event
-from pflash.api.requests import ChatCompletionRequest, parse_chat_request
+from pflash.api.requests import ChatCompletionRequest, check_identifier, parse_chat_request
 from pflash.api.responses import ChatCompletionChunk, ChatCompletionResponse
 from pflash.errors import InvalidRequest
 
 # top-level fields an edge request passes to the chat request as they are, besides every
 # pflash_* field (an unknown one is a 400 there)
 PASSTHROUGH = ("session_id", "seed")
+# the response header that names the tools a request declared and the model was not offered
+NOT_OFFERED_HEADER = "x-pflash-tools-not-offered"
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -46,9 +48,15 @@ ChatStreamItem = str | ChatCompletionChunk | StreamError
 
 
 class Exchange(Protocol):
-    """One request of an edge API, parsed: the chat request it runs as, and the way back."""
+    """One request of an edge API, parsed: the chat request it runs as, and the way back;
+    `not_offered`: the tools it declared that the model was not offered (hosted tools);
+    `headers`: what every response to it carries (whole or streamed), which names them."""
 
     chat: ChatCompletionRequest
+    not_offered: tuple[str, ...]
+
+    @property
+    def headers(self) -> dict[str, str]: ...
 
     def respond(self, response: ChatCompletionResponse) -> tuple[dict[str, Any], dict[str, str]]:
         """(body, extra headers) of the API's whole response."""
@@ -63,8 +71,11 @@ class Edge(Protocol):
 
     id_header: str | None
 
-    def parse(self, body: bytes | str | Mapping[str, Any]) -> Exchange:
-        """The request as an `Exchange`; `InvalidRequest` (a 400) naming the bad field."""
+    def parse(
+        self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
+    ) -> Exchange:
+        """The request as an `Exchange`; `InvalidRequest` (a 400) naming the bad field.
+        `headers`: the HTTP request's, where some clients name their session."""
 
     def error(self, status: int, body: dict[str, Any]) -> dict[str, Any]:
         """The OpenAI error body of a `status` response in this API's own shape."""
@@ -87,7 +98,9 @@ class Counter(Protocol):
 
     edge: Edge
 
-    def parse(self, body: bytes | str | Mapping[str, Any]) -> Counted:
+    def parse(
+        self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
+    ) -> Counted:
         """The request as the chat request it would run as; `InvalidRequest` (a 400)."""
 
     def answer(self, input_tokens: int) -> dict[str, Any]:
@@ -202,16 +215,42 @@ def generation_fields(
     return body
 
 
+def client_session(value: Any) -> str | None:
+    """A session id a client sent in its own field or header (Claude Code's, Codex's
+    `prompt_cache_key`), when it is one PFlash can use as `session_id` (printable ASCII, at
+    most 256 characters); None otherwise: a field PFlash reads for affinity only never
+    fails a request."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return check_identifier(value)
+    except ValueError:
+        return None
+
+
+def not_offered_header(names: Sequence[str]) -> dict[str, str]:
+    """The response header naming the declared tools the model was not offered (hosted
+    tools this server cannot run), or no header."""
+    return {NOT_OFFERED_HEADER: ", ".join(names)} if names else {}
+
+
 def to_chat(
-    body: dict[str, Any], extra: dict[str, Any] | None, *, format_param: str | None = None
+    body: dict[str, Any],
+    extra: dict[str, Any] | None,
+    *,
+    format_param: str | None = None,
+    session: str | None = None,
 ) -> ChatCompletionRequest:
     """The chat request for a translated `body`, with the edge request's PFlash fields
     (`extra`: its unknown top-level fields) validated by the chat request's own rules;
     `format_param` is the edge's name for the output format that `body` carries as
-    `response_format`, for the errors about it."""
+    `response_format`, for the errors about it; `session`: the client's own session id,
+    used as `session_id` when the request names none."""
     for key, value in (extra or {}).items():
         if key.startswith("pflash_") or key in PASSTHROUGH:
             body[key] = value
+    if session is not None and body.get("session_id") is None:
+        body["session_id"] = session
     chat = parse_chat_request(body)
     if format_param is not None:
         chat.name_format_param(format_param)

@@ -174,7 +174,7 @@ QueryStr = Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS)]
 RequiredStr = Annotated[str, Field(min_length=1, max_length=MAX_REQUIRED_CHARS)]
 
 
-def _check_identifier(value: str | None) -> str | None:
+def check_identifier(value: str | None) -> str | None:
     """`value` as an identifier: 1 to `MAX_IDENTIFIER_CHARS` printable ASCII characters,
     no space at either end. Why: a session id is sent upstream as an HTTP header, where a
     non-ASCII character fails inside the HTTP client and CR/LF would split the header, so a
@@ -238,7 +238,7 @@ class _GenerationRequest(BaseModel):
     # the field a client named the format by: an edge API sets its own (`text.format`)
     _format_param: str = PrivateAttr("response_format")
 
-    _identifiers = field_validator("session_id")(_check_identifier)
+    _identifiers = field_validator("session_id")(check_identifier)
 
     @model_validator(mode="before")
     @classmethod

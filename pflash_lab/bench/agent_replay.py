@@ -28,6 +28,7 @@ from pflash_lab.bench.harness import parse_overrides
 def replay(trace: agent_trace.Trace, parts: dict, max_context: int = 1 << 20) -> list[dict]:
     """One row per step of `trace`, served through a fresh `Compressor` (its own store)."""
     from pflash import api
+    from pflash.admission import request_params
     from pflash.compressor import compression_request, render_request
     from pflash_lab.bench.later_steps import in_process_flow
 
@@ -44,7 +45,9 @@ def replay(trace: agent_trace.Trace, parts: dict, max_context: int = 1 << 20) ->
         }
         req = api.parse_chat_request(body)
         prompt = render_request(req, "chat", tokenizer, scope="tenant")
-        served = flow.run_sync(compression_request(req, prompt, config, "tenant")).compressed
+        served = flow.run_sync(
+            compression_request(req, prompt, config, "tenant", request_params(req, config))
+        ).compressed
         text = served.served_text
         view = served.stats.get("view") or {}
         planted = trace.planted_before(step.index)

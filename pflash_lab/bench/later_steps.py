@@ -122,6 +122,7 @@ def in_process_flow(parts: dict, max_context: int = 1 << 20):
 def run_length(length: int, parts: dict) -> list[Step]:
     """Every step of one conversation of `length` document tokens."""
     from pflash import api
+    from pflash.admission import request_params
     from pflash.compress.encoding_memo import EncodingMemo
     from pflash.compressor import compression_request, render_request
 
@@ -136,7 +137,9 @@ def run_length(length: int, parts: dict) -> list[Step]:
         t0 = time.perf_counter()
         prompt = render_request(req, "chat", tokenizer, memo=memo, scope="tenant-a")
         t1 = time.perf_counter()
-        served = flow.run_sync(compression_request(req, prompt, config, "tenant-a"))
+        served = flow.run_sync(
+            compression_request(req, prompt, config, "tenant-a", request_params(req, config))
+        )
         t2 = time.perf_counter()
         stats = served.compressed.stats
         out.append(

@@ -141,6 +141,7 @@ def _budget_ratio(tokenizer, adaptive: AdaptiveKeep, **fields) -> float:
     import numpy as np
 
     from pflash import api
+    from pflash.admission import request_params
     from pflash.compress.scoring import ScoreResult
     from pflash.compressor import (
         Compressor,
@@ -165,7 +166,9 @@ def _budget_ratio(tokenizer, adaptive: AdaptiveKeep, **fields) -> float:
     body = {"messages": [{"role": "user", "content": DOCUMENT + "\n\nWhat is kept?"}], **fields}
     req = api.parse_chat_request(body)
     config = config.with_request_overrides(mode=req.pflash_mode, keep_ratio=req.pflash_keep_ratio)
-    job = compression_request(req, render_request(req, "chat", tokenizer), config, "tenant-a")
+    job = compression_request(
+        req, render_request(req, "chat", tokenizer), config, "tenant-a", request_params(req, config)
+    )
     return compressor.run_sync(job).compressed.stats["budget_ratio"]
 
 

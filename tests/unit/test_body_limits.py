@@ -80,11 +80,12 @@ def test_a_request_without_max_tokens_gets_the_servers_output_cap():
     assert cap_output(SamplingParams(), None).max_tokens is None
 
 
-def test_a_request_asking_more_than_the_output_cap_is_a_400_naming_max_tokens():
-    with pytest.raises(InvalidRequest) as err:
-        cap_output(SamplingParams(max_tokens=4097), 4096)
-    assert err.value.param == "max_tokens"
-    assert "max_output_tokens" in err.value.message
+def test_a_request_asking_more_than_the_output_cap_generates_at_most_the_cap():
+    """A client cannot know the cap before its first call (Claude Code asks for 32,000 of a
+    model it does not know): it is served, and the answer ends at the cap ("length")."""
+    assert cap_output(SamplingParams(max_tokens=32000), 4096).max_tokens == 4096
+    assert cap_output(SamplingParams(max_tokens=100), 4096).max_tokens == 100
+    assert cap_output(SamplingParams(max_tokens=32000), None).max_tokens == 32000
 
 
 def test_null_max_tokens_in_a_request_is_the_cap():

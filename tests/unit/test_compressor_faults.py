@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from pflash import api
+from pflash.admission import request_params
 from pflash.compress.scoring import ScoreResult
 from pflash.compressor import Compressor, LocalStore, Once, compression_request, render_request
 from pflash.config import build_config
@@ -84,10 +85,17 @@ def _run(scorer, probe, tokenizer, store=None, **overrides):
         max_context=8192,
     )
     req = api.parse_chat_request(
-        {"messages": [{"role": "user", "content": DOCUMENT + "\n\nWhat must the licensee keep?"}]}
+        {
+            "messages": [
+                {"role": "user", "content": DOCUMENT + "\n\nWhat must the licensee keep?"}
+            ],
+            "max_tokens": 64,
+        }
     )
     prompt = render_request(req, "chat", tokenizer)
-    return compressor.run_sync(compression_request(req, prompt, config, "anonymous"))
+    return compressor.run_sync(
+        compression_request(req, prompt, config, "anonymous", request_params(req, config))
+    )
 
 
 def test_a_dead_drafter_behind_the_probe_is_reported_as_the_drafter_and_retryable(
@@ -376,7 +384,7 @@ def _job(tokenizer, body, **overrides):
     config = build_config({"mode": "always", "select_semantic_weight": 0.0, **overrides}, env={})
     req = api.parse_chat_request(body)
     prompt = render_request(req, "chat", tokenizer)
-    return compression_request(req, prompt, config, "anonymous")
+    return compression_request(req, prompt, config, "anonymous", request_params(req, config))
 
 
 def _compressor(tokenizer, scorer, max_context=8192):

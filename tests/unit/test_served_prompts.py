@@ -37,6 +37,7 @@ import pytest
 import yaml
 
 from pflash import api
+from pflash.admission import request_params
 from pflash.compressor import (
     Compressor,
     LocalProbe,
@@ -108,7 +109,9 @@ class App:
             mode=req.pflash_mode, keep_ratio=req.pflash_keep_ratio
         )
         prompt = render_request(req, "chat" if endpoint == "chat" else "completion", self.tokenizer)
-        served = self.compressor.run_sync(compression_request(req, prompt, config, "anonymous"))
+        served = self.compressor.run_sync(
+            compression_request(req, prompt, config, "anonymous", request_params(req, config))
+        )
         compressed = served.compressed
         return {
             "prompt": compressed.served_text,

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from pflash import api
+from pflash.admission import request_params
 from pflash.api import PFlashStats
 from pflash.compress.assemble import RECALL_FOOTER, RECALL_HEADER
 from pflash.compress.chat import render_chat
@@ -318,7 +319,9 @@ def _flow(tokenizer, store):
 def _request(tokenizer, **fields):
     req = api.parse_chat_request({"messages": TURN1, "max_tokens": MAX_OUTPUT, **fields})
     config = build_config(CFG, env={}).with_request_overrides(keep_ratio=req.pflash_keep_ratio)
-    return compression_request(req, render_request(req, "chat", tokenizer), config, "tenant-a")
+    return compression_request(
+        req, render_request(req, "chat", tokenizer), config, "tenant-a", request_params(req, config)
+    )
 
 
 def test_a_request_naming_a_required_string_gets_it_though_its_prompt_has_a_view(

@@ -1,11 +1,16 @@
 """Anthropic Messages ↔ the chat flow: the request in, the message out (whole or streamed),
 errors in Anthropic's shape. Pure functions over parsed models.
 
-In: `system` is the system message; a user message's text blocks are its content and each
-`tool_result` a tool message (in block order); an assistant message's text blocks are its
-content and each `tool_use` a tool call whose arguments are its `input` as JSON. `tools`
-become functions (`input_schema` their parameters); `tool_choice` auto/any/tool/none maps
-to auto/required/the named function/none; `stop_sequences` to `stop`.
+In: `system` is the system message, and a `system` message inside `messages` a system
+message at its place; a user message's text blocks are its content and each `tool_result` a
+tool message (in block order); an assistant message's text blocks are its content and each
+`tool_use` a tool call whose arguments are its `input` as JSON (its `thinking` blocks are
+dropped). A tool result's image, or a document that is not plain text, is a note saying it
+was left out. Client `tools` become functions (`input_schema` their parameters); server
+tools are not offered (`Offered`); `tool_choice` auto/any/tool/none maps to
+auto/required/the named function/none; `stop_sequences` to `stop`. The client's session
+(`session_id`, else `metadata.user_id`'s session, else Claude Code's session header) names
+the conversation for affinity.
 
 Out: text then `tool_use` blocks (a call's arguments parsed back into `input`); the finish
 reason as `stop_reason` (stop → end_turn, length → max_tokens, tool_calls → tool_use: the
@@ -27,8 +32,10 @@ from pflash.api.edge import (
     ChatStreamItem,
     Counted,
     StreamError,
+    client_session,
     generation_fields,
     named_event,
+    not_offered_header,
     parse_edge_body,
     pflash_header,
     to_chat,
@@ -36,9 +43,14 @@ from pflash.api.edge import (
 from pflash.api.messages.protocol import (
     NAMES,
     CountTokensRequest,
+    DocumentBlock,
+    ImageBlock,
     InputMessage,
     MessagesRequest,
+    ServerTool,
     TextBlock,
+    ThinkingBlock,
+    ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -48,6 +60,12 @@ from pflash.api.responses import ChatCompletionChunk, ChatCompletionResponse, Us
 from pflash.errors import InvalidRequest
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+# what a tool result's unreadable parts become: the model learns something was there
+IMAGE_LEFT_OUT = "[image left out: this server reads text only]"
+DOCUMENT_LEFT_OUT = "[document left out: this server reads plain-text documents only]"
+# Claude Code names its session in this header too (and inside metadata.user_id)
+SESSION_HEADER = "x-claude-code-session-id"
+MAX_USER_ID_CHARS = 1024  # metadata.user_id is parsed for a session id only this long
 
 # our statuses -> Anthropic's error types (https://docs.anthropic.com/en/api/errors)
 ERROR_TYPES = {
@@ -74,10 +92,44 @@ def _joined(blocks: list[TextBlock]) -> str:
     return "\n".join(b.text for b in blocks)
 
 
+def _misplaced(i: int, j: int, what: str, where: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"messages[{i}].content[{j}]: {what} belongs in {where}",
+        param=f"messages[{i}].content[{j}]",
+        code="invalid_value",
+    )
+
+
+def _unreadable(i: int, j: int) -> InvalidRequest:
+    return InvalidRequest(
+        f"messages[{i}].content[{j}]: this server reads text only (a document needs a "
+        "plain-text source)",
+        param=f"messages[{i}].content[{j}]",
+        code="invalid_value",
+    )
+
+
+def _result_text(block: ToolResultBlock) -> str:
+    """A tool result's content as text: its text blocks, a plain-text document's text, and
+    a note in place of what cannot be read."""
+    parts = []
+    for part in block.content:
+        if isinstance(part, TextBlock):
+            parts.append(part.text)
+        elif isinstance(part, ImageBlock):
+            parts.append(IMAGE_LEFT_OUT)
+        else:
+            text = part.text()
+            parts.append(DOCUMENT_LEFT_OUT if text is None else text)
+    return "\n".join(parts)
+
+
 def _assistant_message(i: int, message: InputMessage) -> dict[str, Any]:
     texts: list[TextBlock] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(message.content):
+        if isinstance(block, ThinkingBlock):
+            continue
         if isinstance(block, TextBlock):
             texts.append(block)
         elif isinstance(block, ToolUseBlock):
@@ -89,12 +141,10 @@ def _assistant_message(i: int, message: InputMessage) -> dict[str, Any]:
                     "function": {"name": block.name, "arguments": arguments},
                 }
             )
+        elif isinstance(block, ToolResultBlock):
+            raise _misplaced(i, j, "a tool_result block", "a user message")
         else:
-            raise InvalidRequest(
-                f"messages[{i}].content[{j}]: a tool_result block belongs in a user message",
-                param=f"messages[{i}].content[{j}]",
-                code="invalid_value",
-            )
+            raise _misplaced(i, j, "a document block", "a user message")
     out: dict[str, Any] = {"role": "assistant", "content": _joined(texts) if texts else None}
     if calls:
         out["tool_calls"] = calls
@@ -107,30 +157,38 @@ def _user_messages(i: int, message: InputMessage) -> list[dict[str, Any]]:
     """A user message's tool results as tool messages and its text as one user message,
     in block order."""
     out: list[dict[str, Any]] = []
-    texts: list[TextBlock] = []
+    texts: list[str] = []
     for j, block in enumerate(message.content):
         if isinstance(block, TextBlock):
-            texts.append(block)
+            texts.append(block.text)
+        elif isinstance(block, DocumentBlock):
+            text = block.text()
+            if text is None:
+                raise _unreadable(i, j)
+            texts.append(text)
         elif isinstance(block, ToolResultBlock):
             if texts:
-                out.append({"role": "user", "content": _joined(texts)})
+                out.append({"role": "user", "content": "\n".join(texts)})
                 texts = []
             out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": block.tool_use_id,
-                    "content": _joined(block.content),
-                }
+                {"role": "tool", "tool_call_id": block.tool_use_id, "content": _result_text(block)}
             )
+        elif isinstance(block, ToolUseBlock):
+            raise _misplaced(i, j, "a tool_use block", "an assistant message")
         else:
-            raise InvalidRequest(
-                f"messages[{i}].content[{j}]: a tool_use block belongs in an assistant message",
-                param=f"messages[{i}].content[{j}]",
-                code="invalid_value",
-            )
+            raise _misplaced(i, j, f"a {block.type} block", "an assistant message")
     if texts or not out:
-        out.append({"role": "user", "content": _joined(texts)})
+        out.append({"role": "user", "content": "\n".join(texts)})
     return out
+
+
+def _system_message(i: int, message: InputMessage) -> dict[str, Any]:
+    """A mid-conversation system turn (Claude Code announces them in its betas): a system
+    message at its place, which a chat template renders where it stands."""
+    for j, block in enumerate(message.content):
+        if not isinstance(block, TextBlock):
+            raise _misplaced(i, j, f"a {block.type} block", "a user or assistant message")
+    return {"role": "system", "content": _joined(message.content)}  # type: ignore[arg-type]
 
 
 def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
@@ -141,9 +199,40 @@ def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
     for i, message in enumerate(req.messages):
         if message.role == "assistant":
             out.append(_assistant_message(i, message))
+        elif message.role == "system":
+            out.append(_system_message(i, message))
         else:
             out.extend(_user_messages(i, message))
     return out
+
+
+def offered_tools(req: CountTokensRequest) -> tuple[list[ToolDefinition], list[str]]:
+    """(the client tools offered to the model, the names of the server tools that are not:
+    Anthropic runs those on its own servers, and they have no schema to show a model)."""
+    tools = req.tools or []
+    offered = [t for t in tools if isinstance(t, ToolDefinition)]
+    return offered, [t.name for t in tools if isinstance(t, ServerTool)]
+
+
+def session_of(req: MessagesRequest, headers: Mapping[str, str] | None = None) -> str | None:
+    """The client's own session id: `metadata.user_id`'s session (Claude Code writes a JSON
+    object with `session_id` there, older versions `..._session_<uuid>`), else Claude Code's
+    session header. None when neither names one."""
+    user_id = (req.metadata or {}).get("user_id")
+    found = None
+    if isinstance(user_id, str) and len(user_id) <= MAX_USER_ID_CHARS:
+        if user_id.startswith("{"):
+            try:
+                value = json.loads(user_id)
+            except ValueError:
+                value = None
+            if isinstance(value, dict) and isinstance(value.get("session_id"), str):
+                found = value["session_id"]
+        elif "_session_" in user_id:
+            found = user_id.rsplit("_session_", 1)[1]
+    if not found and headers is not None:
+        found = headers.get(SESSION_HEADER)
+    return client_session(found)
 
 
 def _tool_choice(req: CountTokensRequest) -> Any:
@@ -165,7 +254,8 @@ def _conversation(req: CountTokensRequest) -> dict[str, Any]:
     """The chat body of what renders the prompt: model, messages, tools and the tool choice
     (the chat template reads the tools)."""
     body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
-    if req.tools:
+    offered, _ = offered_tools(req)
+    if offered:
         body["tools"] = [
             {
                 "type": "function",
@@ -175,7 +265,7 @@ def _conversation(req: CountTokensRequest) -> dict[str, Any]:
                     "parameters": t.input_schema,
                 },
             }
-            for t in req.tools
+            for t in offered
         ]
     choice = _tool_choice(req)
     if choice is not None:
@@ -183,8 +273,11 @@ def _conversation(req: CountTokensRequest) -> dict[str, Any]:
     return body
 
 
-def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
-    """The one internal request the chat flow serves for `req`."""
+def chat_request(
+    req: MessagesRequest, headers: Mapping[str, str] | None = None
+) -> ChatCompletionRequest:
+    """The one internal request the chat flow serves for `req` (`headers`: the request's,
+    where Claude Code also names its session)."""
     generation = generation_fields(
         stream=req.stream,
         max_tokens=req.max_tokens,
@@ -198,7 +291,10 @@ def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     if (wanted := messages_format(fmt)) is not None:
         body["response_format"] = wanted.response_format()
     return to_chat(
-        body, req.model_extra, format_param="output_format" if beta else "output_config.format"
+        body,
+        req.model_extra,
+        format_param="output_format" if beta else "output_config.format",
+        session=session_of(req, headers),
     )
 
 
@@ -370,10 +466,16 @@ async def message_events(items: AsyncIterator[ChatStreamItem]) -> AsyncIterator[
 
 @dataclass(frozen=True)
 class MessagesExchange:
-    """One `/v1/messages` request: the Anthropic request and the chat request it runs as."""
+    """One `/v1/messages` request: the Anthropic request and the chat request it runs as;
+    `not_offered`: the declared tools the model was not offered (`headers` names them)."""
 
     source: MessagesRequest
     chat: ChatCompletionRequest
+    not_offered: tuple[str, ...] = ()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return not_offered_header(self.not_offered)
 
     def respond(self, response: ChatCompletionResponse) -> tuple[dict[str, Any], dict[str, str]]:
         return message_body(response), pflash_header(response)
@@ -388,9 +490,12 @@ class MessagesEdge:
 
     id_header: str | None = "request-id"
 
-    def parse(self, body: bytes | str | Mapping[str, Any]) -> MessagesExchange:
+    def parse(
+        self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
+    ) -> MessagesExchange:
         source = parse_messages_request(body)
-        return MessagesExchange(source, chat_request(source))
+        _, not_offered = offered_tools(source)
+        return MessagesExchange(source, chat_request(source, headers), tuple(not_offered))
 
     def error(self, status: int, body: dict[str, Any]) -> dict[str, Any]:
         return error_body(status, body)
@@ -408,7 +513,9 @@ class MessagesCounter:
 
     edge: MessagesEdge = EDGE
 
-    def parse(self, body: bytes | str | Mapping[str, Any]) -> Counted:
+    def parse(
+        self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
+    ) -> Counted:
         return Counted(count_request(parse_edge_body(CountTokensRequest, body, NAMES)))
 
     def answer(self, input_tokens: int) -> dict[str, Any]:

@@ -2,19 +2,25 @@
 Pure functions over parsed models; errors stay in the OpenAI envelope, as the API's own.
 
 In: `instructions` is the system message; a `message` item a message of its role (its text
-parts joined by newlines); `function_call` items are tool calls of the assistant message
-before them (or of a new one); a `function_call_output` a tool message. Flat function tools
-become chat tools; `max_output_tokens` is `max_tokens`.
+parts joined by newlines); `function_call` and `custom_tool_call` items are tool calls of
+the assistant message before them (or of a new one); their outputs are tool messages;
+`reasoning` items are dropped. Tools become chat functions (`ToolTable`): a function as it
+is, a namespace's functions under `<namespace>__<name>`, a custom tool as a function of
+one string `input` (its grammar in its description); hosted tools are not offered.
+`max_output_tokens` is `max_tokens`; `prompt_cache_key` (else Codex's `session-id` header)
+names the client's session.
 
 Out: a `message` item with the answer's text (left out when the answer is only calls), then
-a `function_call` item per call. A cut-off answer is status "incomplete" with reason
-`max_output_tokens`. Usage in the Responses API's terms (`input_tokens` the client's
+per call a `function_call` item (with its `namespace` for a namespaced function: the names
+the client declared) or a `custom_tool_call` item with the `input` text. A cut-off answer is
+status "incomplete" with reason `max_output_tokens`. Usage in the Responses API's terms (`input_tokens` the client's
 original prompt, `input_tokens_details.cached_tokens` read from the target's prefix cache),
 plus `usage.pflash`: `usage.timings.pflash` of the chat response.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +29,10 @@ from pflash.api.edge import (
     ChatStreamItem,
     Counted,
     StreamError,
+    client_session,
     generation_fields,
     named_event,
+    not_offered_header,
     parse_edge_body,
     pflash_header,
     to_chat,
@@ -34,13 +42,110 @@ from pflash.api.requests import ChatCompletionRequest
 from pflash.api.responses import ChatCompletionChunk, ChatCompletionResponse, Usage
 from pflash.api.responses_api.protocol import (
     NAMES,
+    AllowedToolsChoice,
+    CustomTool,
+    CustomToolCallItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionChoice,
+    FunctionTool,
+    HostedTool,
     InputTokensRequest,
+    NamespaceTool,
+    ReasoningItem,
     ResponsesRequest,
     TextPart,
 )
+from pflash.errors import InvalidRequest
+
+# a namespaced function's name as the model sees it: <namespace>__<name>
+NAMESPACE_SEPARATOR = "__"
+# Codex names its session in this header too (and in `prompt_cache_key`)
+SESSION_HEADER = "session-id"
+FILE_LEFT_OUT = "[{kind} left out: this server reads text only]"
+CUSTOM_INPUT = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "The tool's whole input."}},
+    "required": ["input"],
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class ToolRef:
+    """What a chat function stands for in the client's terms: a `function` (in
+    `namespace`, or none) or a `custom` tool, called `name`."""
+
+    kind: str
+    name: str
+    namespace: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolTable:
+    """The request's tools as the chat flow offers them: `functions` (chat tool
+    definitions), `refs` (each chat function's name → what the client declared), and
+    `not_offered` (the hosted tools' types)."""
+
+    functions: tuple[dict[str, Any], ...] = ()
+    refs: Mapping[str, ToolRef] = field(default_factory=dict)
+    not_offered: tuple[str, ...] = ()
+
+    def ref(self, chat_name: str) -> ToolRef:
+        return self.refs.get(chat_name) or ToolRef("function", chat_name)
+
+
+def _function(name: str, tool: FunctionTool | CustomTool, context: str | None) -> dict:
+    """A client tool as a chat function definition named `name`; `context`: the namespace's
+    description, which precedes the tool's own."""
+    if isinstance(tool, FunctionTool):
+        spec = tool.model_dump(exclude={"type", "name"}, exclude_none=True)
+    else:
+        spec = {"parameters": CUSTOM_INPUT}
+        if tool.description is not None:
+            spec["description"] = tool.description
+        fmt = tool.format
+        if fmt is not None and fmt.type == "grammar" and fmt.definition:
+            grammar = f"Write `input` in this {fmt.syntax or 'grammar'} grammar:\n{fmt.definition}"
+            spec["description"] = "\n\n".join(filter(None, [spec.get("description"), grammar]))
+    if context:
+        spec["description"] = "\n\n".join(filter(None, [context, spec.get("description")]))
+    return {"name": name, **spec}
+
+
+def tool_table(req: InputTokensRequest) -> ToolTable:
+    """The request's tools flattened for the chat flow (see the module docstring); two
+    tools that would share a chat name are a 400."""
+    functions: list[dict[str, Any]] = []
+    refs: dict[str, ToolRef] = {}
+    not_offered: list[str] = []
+
+    def add(name: str, tool: FunctionTool | CustomTool, namespace: str | None, context) -> None:
+        if name in refs:
+            raise InvalidRequest(
+                f"tools: two tools are named {name!r} (a namespace's functions are offered "
+                f"as <namespace>{NAMESPACE_SEPARATOR}<name>)",
+                param="tools",
+                code="invalid_value",
+            )
+        refs[name] = ToolRef(tool.type, tool.name, namespace)
+        functions.append(_function(name, tool, context))
+
+    for tool in req.tools or ():
+        if isinstance(tool, HostedTool):
+            not_offered.append(tool.type)
+        elif isinstance(tool, NamespaceTool):
+            for inner in tool.tools:
+                qualified = f"{tool.name}{NAMESPACE_SEPARATOR}{inner.name}"
+                add(qualified, inner, tool.name, tool.description)
+        else:
+            add(tool.name, tool, None, None)
+    return ToolTable(tuple(functions), refs, tuple(not_offered))
+
+
+def _chat_name(name: str, namespace: str | None) -> str:
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
+
 
 # ---------------------------------------------------------------------- request in
 
@@ -50,8 +155,12 @@ def parse_responses_request(body: bytes | str | Mapping[str, Any]) -> ResponsesR
     return parse_edge_body(ResponsesRequest, body, NAMES)
 
 
-def _joined(parts: list[TextPart]) -> str:
-    return "\n".join(p.text for p in parts)
+def _joined(parts: list) -> str:
+    """Text parts joined by newlines; an image or file a tool returned is a note."""
+    return "\n".join(
+        p.text if isinstance(p, TextPart) else FILE_LEFT_OUT.format(kind=p.type[len("input_") :])
+        for p in parts
+    )
 
 
 def chat_messages(req: InputTokensRequest) -> list[dict[str, Any]]:
@@ -60,11 +169,17 @@ def chat_messages(req: InputTokensRequest) -> list[dict[str, Any]]:
     if req.instructions is not None:
         out.append({"role": "system", "content": req.instructions})
     for item in req.input:
-        if isinstance(item, FunctionCallItem):
+        if isinstance(item, ReasoningItem):
+            continue
+        if isinstance(item, FunctionCallItem | CustomToolCallItem):
+            if isinstance(item, FunctionCallItem):
+                name, arguments = _chat_name(item.name, item.namespace), item.arguments
+            else:
+                name, arguments = item.name, json.dumps({"input": item.input}, ensure_ascii=False)
             call = {
                 "id": item.call_id,
                 "type": "function",
-                "function": {"name": item.name, "arguments": item.arguments},
+                "function": {"name": name, "arguments": arguments},
             }
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":
@@ -80,26 +195,53 @@ def chat_messages(req: InputTokensRequest) -> list[dict[str, Any]]:
     return out
 
 
+def _tool_choice(req: InputTokensRequest, table: ToolTable) -> Any:
+    """The chat `tool_choice`: a named function or custom tool as the chat function it is
+    offered as; `allowed_tools` as its mode (the tools it lists are offered already)."""
+    choice = req.tool_choice
+    if isinstance(choice, FunctionChoice):
+        wanted = [n for n, ref in table.refs.items() if ref.name == choice.name or n == choice.name]
+        if len(wanted) != 1:
+            raise InvalidRequest(
+                f"tool_choice: {choice.name!r} names no single declared tool",
+                param="tool_choice",
+                code="invalid_value",
+            )
+        return {"type": "function", "function": {"name": wanted[0]}}
+    if isinstance(choice, AllowedToolsChoice):
+        return choice.mode
+    return choice
+
+
 def _conversation(req: InputTokensRequest) -> dict[str, Any]:
     """The chat body of what renders the prompt: messages, tools and the tool choice (the
     chat template reads the tools)."""
     body: dict[str, Any] = {"messages": chat_messages(req)}
     if req.model is not None:
         body["model"] = req.model
-    if req.tools:
-        body["tools"] = [
-            {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
-            for t in req.tools
-        ]
-    if isinstance(req.tool_choice, FunctionChoice):
-        body["tool_choice"] = {"type": "function", "function": {"name": req.tool_choice.name}}
-    elif req.tool_choice is not None:
-        body["tool_choice"] = req.tool_choice
+    table = tool_table(req)
+    if table.functions:
+        body["tools"] = [{"type": "function", "function": f} for f in table.functions]
+    choice = _tool_choice(req, table)
+    if choice is not None:
+        body["tool_choice"] = choice
     return body
 
 
-def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The one internal request the chat flow serves for `req`."""
+def session_of(req: InputTokensRequest, headers: Mapping[str, str] | None = None) -> str | None:
+    """The client's own session id: `prompt_cache_key` (Codex sends its session id there),
+    else Codex's `session-id` header; None when neither names a usable one."""
+    found = client_session(req.prompt_cache_key)
+    if found is None and headers is not None:
+        found = client_session(headers.get(SESSION_HEADER))
+    return found
+
+
+def chat_request(
+    req: ResponsesRequest, headers: Mapping[str, str] | None = None
+) -> ChatCompletionRequest:
+    """The one internal request the chat flow serves for `req` (`headers`: the request's,
+    where Codex also names its session)."""
     generation = generation_fields(
         stream=req.stream,
         max_tokens=req.max_output_tokens,
@@ -109,7 +251,9 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     body = _conversation(req) | generation
     if (wanted := text_format(req.text)) is not None:
         body["response_format"] = wanted.response_format()
-    return to_chat(body, req.model_extra, format_param="text.format")
+    return to_chat(
+        body, req.model_extra, format_param="text.format", session=session_of(req, headers)
+    )
 
 
 def count_request(req: InputTokensRequest) -> ChatCompletionRequest:
@@ -150,17 +294,49 @@ def message_item(chat_id: str, text: str, status: str) -> dict[str, Any]:
     }
 
 
-def call_item(call: dict[str, Any], status: str, arguments: str | None = None) -> dict[str, Any]:
-    """A chat tool call as a `function_call` item (`call_id` is the chat call's id)."""
+def custom_input(arguments: str) -> str:
+    """A custom tool's `input` from the chat call's arguments: the `input` string the model
+    wrote, or the arguments whole when they are not that object."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get("input"), str):
+        return value["input"]
+    return arguments
+
+
+def call_item(
+    call: dict[str, Any], status: str, table: ToolTable, arguments: str | None = None
+) -> dict[str, Any]:
+    """A chat tool call as the item its tool's kind answers with (`call_id` is the chat
+    call's id): a `function_call` (with `namespace` for a namespaced function) or a
+    `custom_tool_call` with the `input` text. `arguments` overrides the call's (the empty
+    start of a streamed item)."""
     function = call["function"]
-    return {
+    ref = table.ref(function["name"])
+    suffix = call["id"].split("_", 1)[-1]
+    whole = function["arguments"] if arguments is None else arguments
+    if ref.kind == "custom":
+        return {
+            "type": "custom_tool_call",
+            "id": "ctc_" + suffix,
+            "call_id": call["id"],
+            "name": ref.name,
+            "input": custom_input(whole) if arguments is None else arguments,
+            "status": status,
+        }
+    item = {
         "type": "function_call",
-        "id": "fc_" + call["id"].split("_", 1)[-1],
+        "id": "fc_" + suffix,
         "call_id": call["id"],
-        "name": function["name"],
-        "arguments": function["arguments"] if arguments is None else arguments,
+        "name": ref.name,
+        "arguments": whole,
         "status": status,
     }
+    if ref.namespace is not None:
+        item["namespace"] = ref.namespace
+    return item
 
 
 def response_object(
@@ -192,7 +368,7 @@ def response_object(
         "temperature": 1.0 if source.temperature is None else source.temperature,
         "top_p": 1.0 if source.top_p is None else source.top_p,
         "tool_choice": choice.model_dump()
-        if isinstance(choice, FunctionChoice)
+        if isinstance(choice, FunctionChoice | AllowedToolsChoice)
         else choice or "auto",
         "tools": [t.model_dump(exclude_none=True) for t in source.tools or ()],
         "text": echo_text_format(source.text),
@@ -216,7 +392,8 @@ def response_body(source: ResponsesRequest, resp: ChatCompletionResponse) -> dic
     output = []
     if choice.message.content or not calls:
         output.append(message_item(resp.id, choice.message.content or "", "completed"))
-    output += [call_item(call, "completed") for call in calls]
+    table = tool_table(source)
+    output += [call_item(call, "completed", table) for call in calls]
     return response_object(
         source,
         resp,
@@ -240,6 +417,7 @@ class ResponseEvents:
     `response.completed` (or `response.incomplete` when cut off) with usage."""
 
     source: ResponsesRequest
+    table: ToolTable = field(default_factory=ToolTable)
     sequence: int = 0
     output: list[dict[str, Any]] = field(default_factory=list)
     text: list[str] | None = None  # the open message item's text, None when none is open
@@ -317,24 +495,22 @@ class ResponseEvents:
 
     def call(self, call: dict[str, Any]) -> list[str]:
         index = len(self.output)
-        item = call_item(call, "completed")
+        item = call_item(call, "completed", self.table)
         self.output.append(item)
-        added = call_item(call, "in_progress", arguments="")
+        added = call_item(call, "in_progress", self.table, arguments="")
+        if item["type"] == "custom_tool_call":
+            kind, text, done = (
+                "response.custom_tool_call_input",
+                item["input"],
+                {"input": item["input"]},
+            )
+        else:
+            kind, text = "response.function_call_arguments", item["arguments"]
+            done = {"name": item["name"], "arguments": item["arguments"]}
         return [
             self.event("response.output_item.added", output_index=index, item=added),
-            self.event(
-                "response.function_call_arguments.delta",
-                item_id=item["id"],
-                output_index=index,
-                delta=item["arguments"],
-            ),
-            self.event(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=index,
-                name=item["name"],
-                arguments=item["arguments"],
-            ),
+            self.event(f"{kind}.delta", item_id=item["id"], output_index=index, delta=text),
+            self.event(f"{kind}.done", item_id=item["id"], output_index=index, **done),
             self.event("response.output_item.done", output_index=index, item=item),
         ]
 
@@ -362,7 +538,7 @@ async def response_events(
 ) -> AsyncIterator[str]:
     """The Responses API's events for the chat flow's stream (`ResponseEvents` says which);
     keep-alive comments pass through; a failure ends the stream with an `error` event."""
-    state = ResponseEvents(source)
+    state = ResponseEvents(source, tool_table(source))
     started = False
     async for item in items:
         if isinstance(item, str):
@@ -397,10 +573,16 @@ async def response_events(
 
 @dataclass(frozen=True)
 class ResponsesExchange:
-    """One `/v1/responses` request: the Responses request and the chat request it runs as."""
+    """One `/v1/responses` request: the Responses request and the chat request it runs as;
+    `not_offered`: the declared tools the model was not offered (`headers` names them)."""
 
     source: ResponsesRequest
     chat: ChatCompletionRequest
+    not_offered: tuple[str, ...] = ()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return not_offered_header(self.not_offered)
 
     def respond(self, response: ChatCompletionResponse) -> tuple[dict[str, Any], dict[str, str]]:
         return response_body(self.source, response), pflash_header(response)
@@ -415,9 +597,12 @@ class ResponsesEdge:
 
     id_header: str | None = None
 
-    def parse(self, body: bytes | str | Mapping[str, Any]) -> ResponsesExchange:
+    def parse(
+        self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
+    ) -> ResponsesExchange:
         source = parse_responses_request(body)
-        return ResponsesExchange(source, chat_request(source))
+        not_offered = list(tool_table(source).not_offered)
+        return ResponsesExchange(source, chat_request(source, headers), tuple(not_offered))
 
     def error(self, status: int, body: dict[str, Any]) -> dict[str, Any]:
         return body
@@ -434,7 +619,9 @@ class ResponsesCounter:
 
     edge: ResponsesEdge = EDGE
 
-    def parse(self, body: bytes | str | Mapping[str, Any]) -> Counted:
+    def parse(
+        self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
+    ) -> Counted:
         return Counted(count_request(parse_edge_body(InputTokensRequest, body, NAMES)))
 
     def answer(self, input_tokens: int) -> dict[str, Any]:
