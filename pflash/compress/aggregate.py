@@ -39,6 +39,7 @@ from pflash.compress.lexical import (
     PHRASE_SCORE,
     AnchoredUnit,
     LexicalEvidence,
+    answers_form,
     is_question_like,
     split_units,
 )
@@ -314,7 +315,9 @@ def asked_text(plan: Plan, pflash_query: str | None = None) -> str:
     """The text whose question decides the kind: `pflash_query` when the client sent one,
     else the asking sentences at the edges of the latest user content - its first sentence
     when it asks (`lexical.is_question_like`), and its last one with the "?" sentences just
-    before it. Only `EDGE_CHARS` at each edge are read: a question sits before or after
+    before it; a closing answer prefix (`lexical.answers_form`: "Answer: The top 10 words
+    that appear most often in the list are:", which a completion-style prompt ends with)
+    is read past, not taken for the end of the question. Only `EDGE_CHARS` at each edge are read: a question sits before or after
     what was pasted, and a pasted document's own sentences ask nothing of it."""
     if pflash_query:
         return pflash_query[:MAX_QUESTION_CHARS]
@@ -327,8 +330,11 @@ def asked_text(plan: Plan, pflash_query: str | None = None) -> str:
     tail = split_units(text, max(cb, ce - EDGE_CHARS), ce, max_chars=None)
     if tail and ce - EDGE_CHARS > cb:
         tail = tail[1:]  # the first may be a cut sentence
-    for i, (b, e) in enumerate(reversed(tail[-MAX_SENTENCES:])):
-        sentence = _unlabelled(text[b:e])
+    closing = [text[b:e] for b, e in reversed(tail)]
+    while closing and answers_form(closing[0]) and not closing[0].rstrip().endswith("?"):
+        closing = closing[1:]  # an answer prefix ("Answer: The top 10 words ... are:")
+    for i, raw in enumerate(closing[:MAX_SENTENCES]):
+        sentence = _unlabelled(raw)
         if i == 0 and not is_question_like(sentence, closes_turn=True):
             break
         if i > 0 and not sentence.rstrip().endswith("?"):
@@ -372,11 +378,17 @@ def stratified_selection(
     list item) is not followed: the question is about all of the document. A question for
     the most frequent items samples the units holding a frequent word first
     (`frequent_units`), in an order that keeps the proportions of the words it ranks
-    (`proportional_order`)."""
+    (`proportional_order`). A worked example of the same question before the material
+    (`material_start`) is sampled last."""
     top = asked_top(question) if question is not None and asks_most_frequent(question) else None
+    begin = material_start(plan, question) if question is not None else 0
     if evidence is None:
         cands = stratified_candidates(
-            plan, pinned=pinned, suffix_candidates=suffix_candidates, frequent_top=top
+            plan,
+            pinned=pinned,
+            suffix_candidates=suffix_candidates,
+            frequent_top=top,
+            material_begin=begin,
         )
         return cands, None
     cands = stratified_candidates(
@@ -386,8 +398,35 @@ def stratified_selection(
         keep=evidence.question,
         focus=tuple(u.span for u in evidence.units if _repeated_phrase(u)),
         frequent_top=top,
+        material_begin=begin,
     )
     return cands, replace(evidence, units=())
+
+
+def material_start(plan: Plan, question: AggregateQuestion) -> int:
+    """The drafter token where the text the question is about begins: after the line that
+    holds the question sentence's last earlier occurrence in the latest user content, else 0.
+
+    Why: a few-shot prompt shows the task once, worked ("Below is a numbered list ... What
+    are the 10 most common words in the above list? Answer: ... 1. goose 2. lifetime"),
+    before the real one. That example is not the material: a uniform sample of both spent
+    38 of 48 served list entries on the example's list (RULER's common words, 8K), whose
+    ranking is not the one asked for, and the real list's ten were too few to rank. The
+    question repeated word for word is what marks an example (or the question stated before
+    and after the document: the material is then what lies between)."""
+    text = plan.drafter.text
+    if plan.content is not None and not plan.content.empty:
+        cb, ce = plan.drafter.char_span(plan.content)
+    else:
+        cb, ce = 0, len(text)
+    key = question.sentence
+    last = text.rfind(key, cb, ce) if key else -1
+    earlier = text.rfind(key, cb, last) if last > cb else -1
+    if earlier < 0:
+        return 0
+    line_end = text.find("\n", earlier + len(key), last)
+    begin = line_end + 1 if line_end >= 0 else earlier + len(key)
+    return plan.drafter.token_at_or_after(begin)
 
 
 def asks_most_frequent(question: AggregateQuestion) -> bool:
@@ -482,8 +521,10 @@ def frequent_units(texts: Sequence[str]) -> np.ndarray:
 def _unit_words(texts: Sequence[str]) -> tuple[list[Counter], Counter, set[str]]:
     """Each unit's word counts, how many units hold each word, and the units' frame: the
     words held by `STRUCTURAL_SHARE` of the units or more (the "Keyword log entry:" of every
-    log line), which are the units' form, not what a question counts."""
-    counts = [Counter(_WORD.findall(t.lower())) for t in texts]
+    log line), which are the units' form, not what a question counts. A list item's number
+    ("17." of "17. goose") is its place, not a word of it: unique to each item, the numbers
+    made the median word one held by a single unit, and every word of the list frequent."""
+    counts = [Counter(_WORD.findall(_LEADING_MARK.sub("", t, count=1).lower())) for t in texts]
     df = Counter(w for c in counts for w in c)
     frame = {w for w, k in df.items() if k >= STRUCTURAL_SHARE * len(texts)}
     return counts, df, frame
@@ -503,6 +544,7 @@ def stratified_candidates(
     keep: Sequence[Span] = (),
     focus: Sequence[Span] = (),
     frequent_top: int | None = None,
+    material_begin: int = 0,
 ) -> Candidates:
     """Candidates tiling the drafter tokens at the prompt's units, ranked so that every
     prefix of the ranking is an evenly spread sample of the optional units.
@@ -519,10 +561,13 @@ def stratified_candidates(
       the k it allows. With `frequent_top` (a question for the N most frequent items), the
       units holding a frequent word (`frequent_units`, found within `focus` and within the
       rest) come first in each, ordered by `proportional_order` instead.
+    - The optional units that end at or before `material_begin` (a worked example before
+      the material, `material_start`) score below every other unit (0 to 1, evenly), and
+      take no part in finding the frequent words: they are sampled only when the rest is.
     """
     drafter = plan.drafter
     n = len(drafter)
-    cuts = {0, n, plan.query.begin, plan.query.end}
+    cuts = {0, n, plan.query.begin, plan.query.end, material_begin}
     cuts.update(drafter.token_span(b, e).begin for b, e in document_units(drafter.text))
     for s in (*pinned, *keep, *focus):
         cuts.update((s.begin, s.end))
@@ -539,7 +584,8 @@ def stratified_candidates(
     inside = np.zeros(len(cands), dtype=bool)
     for s in focus:
         inside |= (begin >= s.begin) & (end <= s.end)
-    optional = ~cands.mandatory
+    example = ~cands.mandatory & (end <= material_begin)
+    optional = ~cands.mandatory & ~example
     tiers = [(optional & inside, 2.0), (optional & ~inside, 1.0)]
 
     def text(i: int) -> str:
@@ -556,6 +602,7 @@ def stratified_candidates(
             (optional & ~inside & frequent, 2.0),
             (optional & ~inside & ~frequent, 1.0),
         ]
+    tiers.append((example, 0.0))
     score = np.zeros(len(cands), dtype=np.float64)
     for t, (group, lift) in enumerate(tiers):
         idx = np.flatnonzero(group)
@@ -573,17 +620,44 @@ def document_units(text: str) -> list[tuple[int, int]]:
     """Character ranges of the units a uniform sample draws from: each line, and a line
     longer than `LONG_LINE` chars (a paragraph of prose) cut into its sentences
     (`lexical.split_units`). Why lines first: `split_units` also cuts "12. word" after
-    "12.", and a sample of half list items would keep numbers without their words."""
+    "12.", and a sample of half list items would keep numbers without their words; for the
+    same reason a long line that is a numbered list ("1. goose 2. lifetime 3. goose ...",
+    a list flattened to one line) is cut before each number (`_list_items`)."""
     out: list[tuple[int, int]] = []
     begin, n = 0, len(text)
     while begin < n:
         end = text.find("\n", begin)
         end = n if end < 0 else end
         if end - begin > LONG_LINE:
-            out.extend(split_units(text, begin, end))
+            out.extend(_list_items(text, split_units(text, begin, end)))
         elif text[begin:end].strip():
             out.append((begin, end))
         begin = end + 1
+    return out
+
+
+_LEADING_MARK = re.compile(r"^\s*\d{1,6}[.)]\s")
+_LIST_MARK = re.compile(r"(?:^|(?<=\s))\d{1,6}[.)]$")
+
+
+def _list_items(text: str, units: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`units` of one line with each closing list marker ("2." of "goose 2.") moved to the
+    start of the next unit, so that a unit is a whole item ("2. lifetime")."""
+    out: list[tuple[int, int]] = []
+    carry: int | None = None
+    for k, (b, e) in enumerate(units):
+        if carry is not None:
+            b, carry = carry, None
+        m = _LIST_MARK.search(text[b:e])
+        if m is None or k == len(units) - 1:
+            out.append((b, e))
+            continue
+        carry = b + m.start()
+        cut = carry
+        while cut > b and text[cut - 1].isspace():
+            cut -= 1
+        if cut > b:
+            out.append((b, cut))
     return out
 
 

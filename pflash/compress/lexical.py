@@ -312,6 +312,20 @@ def _pieces(text: str, begin: int, end: int, max_chars: int | None) -> Iterable[
         yield begin, end
 
 
+FORM_VERBS = frozenset({"answer", "reply", "respond"})
+
+
+def answers_form(sentence: str) -> bool:
+    """A sentence that says how to answer, not what: it opens (after an optional "please")
+    with "answer", "reply" or "respond", a label "Answer:" included (a completion prompt's
+    answer prefix, "Answer: The top 10 words ... are:"). "Tell me its owner." asks for more
+    and is not one."""
+    words = sentence.lower().split(maxsplit=2)
+    if words[:1] == ["please"]:
+        words = words[1:]
+    return bool(words) and words[0].strip(",.:;!") in FORM_VERBS
+
+
 def is_question_like(sentence: str, *, closes_turn: bool = False) -> bool:
     """A sentence that asks: it ends with "?", or it opens with a capitalized interrogative or
     imperative word ("What ...", "List ...", "Find ...") and is a whole sentence (ends with

@@ -52,7 +52,7 @@ from pflash.compress.code_blocks import (
     passage_headers,
 )
 from pflash.compress.entity_feedback import followed_passages, lift_passages
-from pflash.compress.lexical import split_units
+from pflash.compress.lexical import answers_form, split_units
 from pflash.compress.query import Plan, question_tail
 from pflash.compress.scoring import ScoreRequest, ScoreResult
 from pflash.compress.selection.candidates import Candidates, split_candidates
@@ -107,18 +107,6 @@ def question_parts(question: str) -> tuple[str, ...]:
             end = whole.index(p, end) + len(p)
         whole = whole[:end]
     return (whole,) if len(parts) < 2 else (whole, *parts)
-
-
-FORM_VERBS = frozenset({"answer", "reply", "respond"})
-
-
-def answers_form(sentence: str) -> bool:
-    """A sentence that says how to answer, not what: it opens (after an optional "please")
-    with "answer", "reply" or "respond". "Tell me its owner." asks for more and is not one."""
-    words = sentence.lower().split(maxsplit=2)
-    if words[:1] == ["please"]:
-        words = words[1:]
-    return bool(words) and words[0].strip(",.:;!") in FORM_VERBS
 
 
 def combine_questions(sims: np.ndarray) -> np.ndarray:
