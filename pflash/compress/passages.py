@@ -13,10 +13,13 @@ word, so only material that is recognisably a document becomes droppable:
   blank-line-separated heading or the end (a closing paragraph of at most 300 characters
   stays an instruction: "Answer in French." after the documents);
 - any paragraph longer than twice `min_chars` with no delimiter at all (a pasted article
-  is not an instruction; a long persona paragraph usually is, hence the higher bar).
+  is not an instruction; a long persona paragraph usually is, hence the higher bar), unless
+  it is a list (most of its lines bullets or numbered items: an agent harness lists its
+  skills, agents and rules so, and a pasted document rarely is one long list).
 
 Only passages of at least `min_chars` characters count, so a short example inside tags stays
-an instruction. Positions are characters of the message content; the result is sorted and
+an instruction. Instruction blocks (`instruction_blocks`: `<system-reminder>`, the tool
+block, ...) are never passages, whatever rule found them. Positions are characters of the message content; the result is sorted and
 non-overlapping. At most `max_pieces` instruction pieces remain per message (the shortest
 passages between them are kept verbatim instead), so a message never turns into more pinned
 spans than the selector allows.
@@ -27,7 +30,9 @@ from __future__ import annotations
 import heapq
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+from pflash.compress.instruction_blocks import instruction_blocks
 
 TRAILING_INSTRUCTION_CHARS = 300
 _TAG = re.compile(r"<([A-Za-z][\w.-]{0,40})(?:\s[^<>]{0,200})?>")
@@ -67,22 +72,49 @@ _HEADING_LINE = re.compile(r"^(?:#{1,6}\s+\S.*|[A-Z][\w /-]{0,40}:)\s*$", re.MUL
 _HEADING_LINE_START = re.compile(r"^[#A-Z]", re.MULTILINE)
 
 
-def passages(content: str, min_chars: int, max_pieces: int = 8) -> list[tuple[int, int]]:
-    """Character ranges of `content` that are documents rather than instructions."""
+def passages(
+    content: str, min_chars: int, max_pieces: int = 8, instruction_tags: Sequence[str] = ()
+) -> list[tuple[int, int]]:
+    """Character ranges of `content` that are documents rather than instructions; the
+    blocks tagged with `instruction_tags` are never part of one."""
     found = [
         *_tagged(content),
         *_fenced(content),
         *_sections(content),
         *_long_paragraphs(content, 2 * min_chars),
     ]
+    found = _without(found, instruction_blocks(content, instruction_tags))
     trimmed = _trimmed_length(content)
     kept = _merge([(b, e) for b, e in found if trimmed(b, e) >= min_chars])
     return _at_most_pieces(kept, len(content), max_pieces)
 
 
-def instruction_ranges(content: str, min_chars: int, max_pieces: int = 8) -> list[tuple[int, int]]:
+def instruction_ranges(
+    content: str, min_chars: int, max_pieces: int = 8, instruction_tags: Sequence[str] = ()
+) -> list[tuple[int, int]]:
     """The complement of `passages` in [0, len(content)): what stays verbatim."""
-    return _complement(passages(content, min_chars, max_pieces), len(content))
+    return _complement(passages(content, min_chars, max_pieces, instruction_tags), len(content))
+
+
+def _without(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`ranges` with the characters of `holes` (sorted, disjoint) taken out."""
+    if not holes:
+        return ranges
+    starts = [b for b, _ in holes]
+    out = []
+    for b, e in ranges:
+        i = max(0, bisect_right(starts, b) - 1)
+        at = b
+        while i < len(holes) and holes[i][0] < e:
+            hb, he = holes[i]
+            if he > at:
+                if hb > at:
+                    out.append((at, hb))
+                at = max(at, he)
+            i += 1
+        if at < e:
+            out.append((at, e))
+    return out
 
 
 def _complement(ranges: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
@@ -169,15 +201,26 @@ def _sections(text: str) -> list[tuple[int, int]]:
     return out
 
 
+_LIST_ITEM = re.compile(r"^[ \t]*(?:[-*+\u2022]|\d{1,3}[.)])[ \t]", re.MULTILINE)
+LIST_SHARE = 0.6  # a paragraph whose lines are mostly list items is a list, not an article
+
+
 def _long_paragraphs(text: str, min_chars: int) -> list[tuple[int, int]]:
     out, at = [], 0
     for m in re.finditer(r"\n\s*\n", text):
-        if m.start() - at >= min_chars:
+        if m.start() - at >= min_chars and not _is_list(text, at, m.start()):
             out.append((at, m.start()))
         at = m.end()
-    if len(text) - at >= min_chars:
+    if len(text) - at >= min_chars and not _is_list(text, at, len(text)):
         out.append((at, len(text)))
     return out
+
+
+def _is_list(text: str, begin: int, end: int) -> bool:
+    """Whether most lines of `text[begin:end]` are bullets or numbered items."""
+    lines = text.count("\n", begin, end) + 1
+    items = sum(1 for _ in _LIST_ITEM.finditer(text, begin, end))
+    return items >= LIST_SHARE * lines
 
 
 def _trimmed_length(text: str) -> Callable[[int, int], int]:

@@ -16,12 +16,16 @@ from typing import Any, Literal
 
 from pflash.compress import encoding
 from pflash.compress.chat import (
-    ASSISTANT_ROLES,
     ChatInput,
     ChatLayout,
     parse_chat,
 )
-from pflash.compress.instructions import instruction_spans, wrapped_indices
+from pflash.compress.instructions import (
+    add_skeleton,
+    instruction_spans,
+    tagged_blocks,
+    wrapped_indices,
+)
 from pflash.compress.rerender import Rerender
 from pflash.compress.sentences import sentence_ends
 from pflash.config import PFlashConfig
@@ -280,7 +284,8 @@ def plan_prompt(
     parser = config.select_query_parser if chat is not None else "arbitrary_tail"
     q = config.select_query_tokens
 
-    content_chars = _locate_user_content(drafter, layout, chat, rerender, parser)
+    tagged = tagged_blocks(chat, config.instruction_tags) if chat is not None else {}
+    content_chars = _locate_user_content(drafter, layout, chat, rerender, parser, tagged)
     content = Span(
         drafter.token_at_or_after(content_chars[0]), drafter.token_at_or_after(content_chars[1])
     )
@@ -315,9 +320,11 @@ def plan_prompt(
         passage_chars=config.system_passage_chars
         if config.system_documents == "compress"
         else None,
+        instruction_tags=config.instruction_tags,
+        tagged=tagged,
     )
     if layout is not None:
-        instruction_role = _add_skeleton(
+        instruction_role = add_skeleton(
             instruction_role,
             layout,
             prompt_end=prompt_end,
@@ -509,15 +516,17 @@ def _locate_user_content(
     chat: ChatInput | None,
     rerender: Rerender | None,
     parser: str,
+    tagged: dict[int, list] | None = None,
 ) -> tuple[int, int]:
     """Characters of the latest user content: the sentinel re-render under the latest_user
     parser or when no turn with content was parsed; the marker-parsed query turn otherwise;
-    the whole text for raw input."""
+    the whole text for raw input. `tagged`: the messages with instruction blocks, which the
+    same wrapped rendering locates (`instructions.wrapped_indices`)."""
     if chat is not None and (
         parser == "latest_user" or layout is None or layout.query_turn is None
     ):
         index = chat.latest_user_index()
-        wrapped = rerender.contents(wrapped_indices(chat))
+        wrapped = rerender.contents(wrapped_indices(chat, tagged))
         located = wrapped[index] if wrapped is not None else rerender.content_chars(index)
         if located is None:
             raise CompressionFailed(
@@ -561,50 +570,13 @@ def _history_windows(
     return tuple(out)
 
 
-def _add_skeleton(
-    instruction_role: list[Span],
-    layout: ChatLayout,
-    *,
-    prompt_end: bool,
-    max_turn_tokens: int,
-    system: Sequence[Span] = (),
-) -> list[Span]:
-    """Add the dialogue skeleton (§5.5) to the instruction-role spans.
-
-    Every turn (but the query turn unless prompt_end) contributes its header; a
-    user/assistant/model turn whose content has at most `max_turn_tokens` tokens contributes
-    the whole turn ("what the conversation said rather than the material it quoted"), and so
-    does a system turn no client message is in (the template's default system prompt, e.g.
-    SmolLM2's). A client's system message is pinned by its own spans, its documents left
-    out; its header is pinned here, so a served prompt never opens with a system message's
-    text but no `<|im_start|>system` (the attention sink used to keep it; passage evidence
-    does not). Turns are added newest first and the skeleton stops before the canonical list
-    would exceed the 64-span limit, so a long conversation keeps its recent skeleton instead
-    of failing validation.
-    """
-    groups: list[list[Span]] = []
-    for k, turn in enumerate(layout.turns):
-        if k == layout.query_turn_index and not prompt_end:
-            continue
-        group = [turn.header] if not turn.header.empty else []
-        is_dialogue = turn.role == "user" or turn.role in ASSISTANT_ROLES
-        if turn.role == "system":
-            is_dialogue = not any(s.overlaps(turn.content) for s in system)
-        if max_turn_tokens > 0 and is_dialogue and len(turn.content) <= max_turn_tokens:
-            group.append(turn.span)
-        if group:
-            groups.append(group)
-    chosen = list(instruction_role)
-    for group in reversed(groups):
-        if len(canonicalize(chosen + group)) > MAX_INSTRUCTION_SPANS:
-            break
-        chosen.extend(group)
-    return chosen
-
-
 def _validated(name: str, spans: Sequence[Span], n_tokens: int) -> tuple[Span, ...]:
+    """Canonical, in range, and for `required` and `instruction_role` at most the reference's
+    64 spans (the client's strings, the skeleton's cap). Instructions have no such bound: an
+    agent's harness repeats its reminders turn after turn, and each is kept."""
     canon = canonicalize(spans)
-    reason = validate_spans(canon, n_tokens)
+    limit = len(canon) if name == "system" else MAX_INSTRUCTION_SPANS
+    reason = validate_spans(canon, n_tokens, limit)
     if reason is not None:
         too_many_required = name == "required" and len(canon) > MAX_INSTRUCTION_SPANS
         raise CompressionFailed(

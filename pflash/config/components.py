@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pflash.config.instruction_tags import DEFAULT_INSTRUCTION_TAGS, InstructionTags
+
 EMBEDDED_SMOLLM2 = "embedded:smollm2-135m"
 # The embedded drafter's measured scoring layer (docs/BENCHMARK_NOTEBOOK.md: layer 8 of 30 with
 # the head and probe trained for it keeps the evidence layer 17 keeps, at half the cost) and
@@ -24,8 +26,7 @@ EMBEDDED_SMOLLM2 = "embedded:smollm2-135m"
 EMBEDDED_HEAD_LAYER = 8
 MIN_API_KEY_CHARS = 8
 EMBEDDED_SHIPPED_LAYERS = (None, 8, 17)
-# The layers a tap projection ships for (pflash/data; trained on the layer-8 tap).
-EMBEDDED_PROJECTION_LAYERS = (8,)
+EMBEDDED_PROJECTION_LAYERS = (8,)  # the layers a tap projection ships for (pflash/data)
 # The drafter's own layer at its profile default, no trained head or probe: what training and
 # the layer/calibration measurements score with, whatever the product defaults are.
 UNTUNED_SCORING = {
@@ -200,6 +201,10 @@ class SelectionConfig(Component):
         1000,
         ge=200,
         description="Shortest passage (characters) of a system or developer message that system_documents: compress may drop.",
+    )
+    instruction_tags: InstructionTags = Field(
+        DEFAULT_INSTRUCTION_TAGS,
+        description="Tagged blocks (<tag>...</tag>) that agent clients write into user and tool turns as instructions to the model (Claude Code's system-reminder, Codex's environment_context, ...): served verbatim like the system prompt, never scored or dropped, and never read as a document inside a system or developer message.",
     )
     chat_question_pin_tokens: int = Field(
         64,
@@ -560,9 +565,8 @@ class SecurityConfig(Component):
     @field_validator("api_keys")
     @classmethod
     def _real_keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        # an empty key in a list (`api_keys: [""]`) would otherwise turn authentication off;
-        # a key with surrounding whitespace could never match a stripped Bearer token. The
-        # message names the key's position, never the key.
+        # an empty key (`api_keys: [""]`) would turn authentication off; a key with surrounding
+        # whitespace could never match a stripped Bearer token. Errors name positions, not keys.
         for i, key in enumerate(v):
             if len(key.strip()) < MIN_API_KEY_CHARS:
                 raise ValueError(

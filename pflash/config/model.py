@@ -304,6 +304,8 @@ def _parse_env_value(field: str, raw: str) -> Any:
         raise _error(field, raw, "a boolean: 1/0, true/false, on/off")
     if field in ("api_keys", "served_model_names", "trusted_proxies"):  # comma or space separated
         return tuple(k for k in raw.replace(",", " ").split() if k)
+    if field == "instruction_tags":  # comma separated: a tag name may hold a space
+        return tuple(k.strip() for k in raw.split(",") if k.strip())
     if field == "curve":
         return raw
     if int in kinds:

@@ -325,7 +325,9 @@ def test_prompt_end_agent_loop_keeps_the_query_at_the_end():
 
 
 @pytest.mark.parametrize(("name", "thinking"), [r for r in RENDERS if r[0] != "gemma3"])
-def test_tools_are_pinned_as_instruction_role(name, thinking):
+def test_tool_definitions_are_always_kept_like_the_system_prompt(name, thinking):
+    """An agent's tools are instructions: kept whatever the context (the system group), not
+    dropped to fit it as the dialogue skeleton may be."""
     plan = plan_chat(name, agent_chat(), thinking=thinking, tools=TOOLS)
     text = plan.drafter.text
     description = "Look up a district record by number"
@@ -333,13 +335,13 @@ def test_tools_are_pinned_as_instruction_role(name, thinking):
         assert description not in text
         return
     pos = text.find(description)
-    assert covers(plan, plan.instruction_role, pos, pos + len(description))
+    assert covers(plan, plan.system, pos, pos + len(description))
     pos = text.find(SYSTEM)
     assert covers(plan, plan.system, pos, pos + len(SYSTEM))
-    assert not covers(plan, plan.system, text.find(description), text.find(description) + 1)
+    assert not covers(plan, plan.instruction_role, pos, pos + len(description))
 
 
-def test_developer_messages_are_instruction_role_and_replaced_system_text_is_whole():
+def test_developer_messages_are_always_kept_and_replaced_system_text_is_whole():
     messages = [
         {
             "role": "system",
@@ -349,10 +351,9 @@ def test_developer_messages_are_instruction_role_and_replaced_system_text_is_who
         {"role": "user", "content": f"{report()}\n\n{QUESTION}"},
     ]
     plan = plan_chat("smollm2", messages)
-    assert [text_of(plan, s) for s in plan.system] == ["You are terse."]
-    developer = plan.drafter.text.find("<|im_start|>developer")
-    end = plan.drafter.text.find("<|im_end|>", developer) + len("<|im_end|>")
-    assert covers(plan, plan.instruction_role, developer, end)
+    assert text_of(plan, plan.system[0]).startswith("You are terse.<|im_end|>")
+    developer = plan.drafter.text.find("Always cite the district number.")
+    assert covers(plan, plan.system, developer, developer + len("Always cite the district number."))
 
 
 def test_a_system_prompt_equal_to_the_template_default_is_still_pinned():
