@@ -31,6 +31,7 @@ from pflash.compress.encoding import (
     unmark,
 )
 from pflash.compress.encoding_memo import EncodingMemo
+from pflash.compress.tool_prompt import template_support, tools_in_text
 from pflash.errors import InvalidRequest
 from pflash.spans import TokenizedText, Tokenizer, decode_ids
 
@@ -81,7 +82,15 @@ def render_chat_prompt(
     with no special tokens added (the template writes them) and only the template's own
     markers as control tokens. The snapshot cut is where the rendering without the
     generation prompt ends, when that is a token prefix. `memo` and `scope` (the tenant):
-    the pieces of the conversation encoded by its earlier turns are not encoded again."""
+    the pieces of the conversation encoded by its earlier turns are not encoded again.
+
+    A template that does not render tools (or earlier tool calls) gets them written into
+    the messages (`tool_prompt.tools_in_text`); `messages` and `tools` of the result are
+    what was rendered."""
+    support = template_support(
+        lambda m, t: render_chat(tokenizer, m, tools=t), str(tokenizer.chat_template or "")
+    )
+    messages, tools = tools_in_text(messages, tools, support)
     kwargs = dict(template_kwargs or {})
     thinking = kwargs.pop("enable_thinking", None)
     full = render_chat_controlled(

@@ -43,7 +43,9 @@ META = ResponseMeta("chatcmpl-00ff", "pflash", 1_700_000_000)
 
 
 def _usage():
-    timings = GenerationTimings(prompt_n=90, prompt_ms=5.0, predicted_n=7, predicted_ms=9.0, cache_n=10)
+    timings = GenerationTimings(
+        prompt_n=90, prompt_ms=5.0, predicted_n=7, predicted_ms=9.0, cache_n=10
+    )
     return build_usage(100, timings, PFlashStats(compressed_tokens=60, keep_ratio=0.5))
 
 

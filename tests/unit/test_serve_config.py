@@ -38,9 +38,12 @@ def test_default_app_args_are_a_valid_config():
 
 def test_serve_config_runs_the_product_defaults():
     """The library, `pflash compress` and the app agree: serve_config.yaml's args name only
-    the models and the gate, and build exactly the default config."""
+    the models, the gate and the context the embedded target runs with (a fact of the
+    deployment, not of compression), and otherwise build exactly the default config."""
     from pflash.config import build_config
 
     args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
-    assert set(args) == {"drafter", "target", "target_backend", "mode", "threshold"}
-    assert build_config(args, env={}) == build_config({}, env={})
+    assert set(args) == {"drafter", "target", "target_backend", "mode", "threshold", "max_context"}
+    assert args["max_context"] == 32768
+    served = build_config(args, env={}).model_dump()
+    assert served == {**build_config({}, env={}).model_dump(), "max_context": 32768}

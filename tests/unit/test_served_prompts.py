@@ -17,7 +17,11 @@ when a question that names its evidence stopped recalling the high-lift lines ar
 (docs/ALGORITHM.md §6.2): the default variant's turn 2 recalls 26 tokens instead of 51 (the
 FSF copyright line no longer), its later turns serve 25 fewer and its paste turn recalls 38;
 all three facts are in every turn's prompt as before; the cases and the attention variant
-came out byte for byte as before.
+came out byte for byte as before. `chat_tools` and the conversations' tool-call turns were
+re-recorded when PFlash began writing tools into the prompt for a template that cannot render
+them (SmolLM2's): the case now serves the tool block (1,313 prompt tokens, was 1,154), each
+conversation from its tool step on the earlier call as a `<tool_call>` block (+29 tokens);
+every other entry came out byte for byte.
 
 The requests go through exactly what the ingress runs, in process: `pflash.api` parsing,
 `render_request`, `compression_request`, `Compressor.run` with the real embedded drafter,
