@@ -21,6 +21,9 @@ fi
 export PFLASH_VLLM_VENV="${PFLASH_VLLM_VENV:-$PWD/.venv-vllm}"
 export PFLASH_VLLM_MODEL_DIR="${PFLASH_VLLM_MODEL_DIR:-$PFLASH_VLLM_VENV/model}"
 PFLASH_VLLM_PREPARE_ONLY=1 bash scripts/vllm_upstream.sh
+# The agent clients (Claude Code, Codex CLI) the agent-client tests drive, from npm at the
+# versions their request fixtures were recorded with (skipped, with a warning, without npm).
+bash scripts/agent_clients.sh
 . .venv/bin/activate
 export RAY_AUTH_MODE=disabled
 exec python -m pytest "$@"

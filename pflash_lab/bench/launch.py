@@ -247,11 +247,18 @@ class ServeCluster:
             if p.is_file()
         )
 
-    def start(self, ready_url: str, ready_body: dict, timeout_s: float = 300.0) -> None:
-        """The head, then the app; returns once `ready_url` answers `ready_body` with 200."""
+    def start(
+        self,
+        ready_url: str,
+        ready_body: dict,
+        timeout_s: float = 300.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """The head, then the app; returns once `ready_url` answers `ready_body` (sent with
+        `headers`, e.g. an API key) with 200."""
         started = time.monotonic()
         self.start_head(timeout_s)
-        self.serve(ready_url, ready_body, timeout_s - (time.monotonic() - started))
+        self.serve(ready_url, ready_body, timeout_s - (time.monotonic() - started), headers)
 
     def incidents(self, limit: int = 60) -> str:
         """The last `limit` lines of Ray's logs that tell why a request failed: warnings and
@@ -306,8 +313,15 @@ class ServeCluster:
             raise RuntimeError(f"ray start failed:\n{tails}")
         self.ray_roots = group_members(ray_start.pid)  # its daemons stay in its group
 
-    def serve(self, ready_url: str, ready_body: dict, timeout_s: float = 300.0) -> None:
-        """`serve run CONFIG` on the cluster, until `ready_url` answers `ready_body` with 200."""
+    def serve(
+        self,
+        ready_url: str,
+        ready_body: dict,
+        timeout_s: float = 300.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """`serve run CONFIG` on the cluster, until `ready_url` answers `ready_body` (sent with
+        `headers`) with 200."""
         deadline = time.monotonic() + timeout_s
         p = self.ports
         serve = self._spawn(
@@ -317,7 +331,8 @@ class ServeCluster:
         )
         while time.monotonic() < deadline and serve.poll() is None:
             try:
-                if httpx.post(ready_url, json=ready_body, timeout=30).status_code == 200:
+                reply = httpx.post(ready_url, json=ready_body, headers=headers, timeout=30)
+                if reply.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

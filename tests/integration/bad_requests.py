@@ -18,6 +18,11 @@ Families, each a way real clients and attackers get requests wrong:
 - **edge APIs**: Anthropic Messages and OpenAI Responses bodies, to each API's endpoint or to
   its token count, with a field replaced, removed or of a kind the server refuses (images,
   `previous_response_id`), answered in each API's own error shape;
+- **agent clients**: Claude Code's and Codex CLI's own recorded bodies
+  (tests/fixtures/agent_clients, their long texts shortened so a valid draw stays cheap) with
+  one of their fields (adaptive `thinking`, `context_management`, `metadata`, a mid-conversation
+  system turn, namespaces, hosted tools, `reasoning`, `include`, `prompt_cache_key`, ...)
+  replaced, removed, or one of their messages, items or tools replaced;
 - **forwarded for**: a valid chat carrying `X-Forwarded-For` values a client can forge
   (other addresses, garbage, thousands of hops), which must never be a 5xx.
 
@@ -29,8 +34,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hypothesis import strategies as st
+
+CLIENT_FIXTURES = Path(__file__).parents[1] / "fixtures" / "agent_clients"
 
 SURROGATE = "\\ud800"  # a lone surrogate, as a JSON escape (valid JSON, invalid Unicode)
 
@@ -500,12 +508,13 @@ EDGE_REFUSED = [
     ("/v1/messages", {"messages": [{"role": "assistant", "content": [
         {"type": "tool_use", "id": "t1", "name": "f", "input": "not an object"}]}]}),
     ("/v1/messages", {"messages": []}),
-    ("/v1/messages", {"max_tokens": 10**6}),
+    ("/v1/messages", {"max_tokens": 0}),
     ("/v1/responses", {"previous_response_id": "resp_123"}),
+    ("/v1/responses", {"background": True}),
     ("/v1/responses", {"input": [{"type": "input_image", "image_url": "http://x/y.png"}]}),
     ("/v1/responses", {"input": [{"type": "function_call_output", "output": "x"}]}),
     ("/v1/responses", {"input": []}),
-    ("/v1/responses", {"max_output_tokens": 10**6}),
+    ("/v1/responses", {"max_output_tokens": 0}),
     # structured output, which the embedded target cannot constrain its sampler to
     ("/v1/messages", {"output_config": {"format": {"type": "json_schema", "schema": {}}}}),
     ("/v1/responses", {"text": {"format": {"type": "json_object"}}}),
@@ -552,14 +561,59 @@ def edge_apis(draw) -> BadRequest:
         return BadRequest("POST", path, draw(st.sampled_from(RAW_BODIES)), family="edge_raw")
     key = draw(st.sampled_from(fields))
     if key in ("max_tokens", "max_output_tokens"):
-        # without a token limit a valid request generates up to the server's cap (a minute on
-        # this CPU); a value past the cap is the bad input worth sending
-        body = {**base, key: 10**6}
+        # without a token limit (or with one past the cap, which is clamped) a valid request
+        # generates up to the server's cap, a minute on this CPU: only bad values are sent
+        body = {**base, key: draw(st.sampled_from([0, -1, 1.5, "2", None, [], 10**40]))}
         return BadRequest("POST", path, _encode(body), family="edge_token_cap")
     if how == "drop":
         body = {k: v for k, v in base.items() if k != key}
         return BadRequest("POST", path, _encode(body), family="edge_drop")
     return BadRequest("POST", path, _encode({**base, key: draw(JSON_VALUE)}), family="edge_value")
+
+
+def _shortened(value, limit: int = 160):
+    """A recorded body with every string cut to `limit` characters: the shapes and fields of
+    the client's request, without its 13K-token harness (a valid draw is then served fast)."""
+    if isinstance(value, str):
+        return value[:limit]
+    if isinstance(value, list):
+        return [_shortened(v, limit) for v in value]
+    if isinstance(value, dict):
+        return {k: _shortened(v, limit) for k, v in value.items()}
+    return value
+
+
+def _client_body(name: str) -> dict:
+    requests = json.loads((CLIENT_FIXTURES / f"{name}.json").read_text())["requests"]
+    body = _shortened(requests[-1]["body"])  # the last step: tool calls and their results
+    body["max_tokens" if "messages" in body else "max_output_tokens"] = 2
+    return body | {"temperature": 0} if "messages" in body else body
+
+
+CLIENT_BODIES = {"/v1/messages": _client_body("claude_code"),
+                 "/v1/responses": _client_body("codex")}  # fmt: skip
+
+
+@st.composite
+def agent_clients(draw) -> BadRequest:
+    path = draw(st.sampled_from(sorted(CLIENT_BODIES)))
+    body = json.loads(json.dumps(CLIENT_BODIES[path]))
+    listed = "messages" if path == "/v1/messages" else "input"
+    how = draw(st.sampled_from(["value", "drop", "item", "tool"]))
+    if how in ("value", "drop"):
+        key = draw(st.sampled_from(sorted(k for k in body if k not in ("max_tokens", "max_output_tokens"))))  # fmt: skip
+        if how == "drop":
+            body.pop(key)
+        else:
+            body[key] = draw(JSON_VALUE)
+    elif how == "item":
+        i = draw(st.integers(0, len(body[listed]) - 1))
+        body[listed][i] = draw(JSON_VALUE)
+    else:
+        i = draw(st.integers(0, len(body["tools"]) - 1))
+        body["tools"][i] = draw(st.one_of(JSON_VALUE, st.just({"type": "web_search_20250305", "name": "web_search"}), st.just({"type": "namespace", "name": "n", "tools": []})))  # fmt: skip
+    path = COUNT_PATHS[path] if draw(st.booleans()) else path
+    return BadRequest("POST", path, _encode(body), family=f"client_{how}")
 
 
 FORGED_FORWARDED = st.one_of(
@@ -604,5 +658,6 @@ BAD_REQUESTS = st.one_of(
     forged_turns(),
     odd_identifiers(),
     edge_apis(),
+    agent_clients(),
     forwarded_for(),
 )
