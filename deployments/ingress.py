@@ -2,16 +2,16 @@
 
 It carries; `pflash` decides. Per request:
 
-    auth → parse (pflash.api) → render once (pflash.compress.rendered)
+    auth → parse (pflash.serving) → render once (pflash.compress.rendered)
     → await Compressor.start (plan: the client's mistakes are a 4xx before any byte)
     → Pending.finish (pflash.compressor: view, drafter, probe, select, fit)
     → TargetModel.generate (remote stream) → SSE / JSON
 
 The Compressor reaches the DrafterScorer, SegmentProbe and SessionStore through the small
 adapters below (Ray handles as async callables). Errors map to the OpenAI envelope in one
-place (`pflash.api.error_response`). `/v1/messages` (Anthropic) and `/v1/responses` run the
+place (`pflash.serving.envelope.error_response`). `/v1/messages` (Anthropic) and `/v1/responses` run the
 same flow: their request becomes a chat request at the edge, and the answer and errors are
-translated back (`pflash.api.messages`, `pflash.api.responses_api`).
+translated back (`pflash.serving.messages`, `pflash.serving.responses`).
 """
 
 import asyncio
@@ -32,8 +32,6 @@ from starlette.requests import ClientDisconnect
 from deployments.metrics import ServeMetrics
 from deployments.resources import freeze_startup_heap
 from deployments.session_store import STORE_NAME
-from pflash import api
-from pflash.admission import TokenBound, check_prompt_bound, read_body, request_params
 from pflash.compress.encoding_memo import EncodingMemo
 from pflash.compress.pipeline import Compressed
 from pflash.compress.scoring import ScoreRequest
@@ -50,8 +48,28 @@ from pflash.config import PFlashConfig, ViewsConfig, build_config
 from pflash.errors import CompressionFailed, PFlashError, StageUnavailable
 from pflash.models.source import load_tokenizer
 from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta
-from pflash.readiness import RETRY_AFTER_S, ReadinessCache
-from pflash.tenants import (
+from pflash.serving.admission import TokenBound, check_prompt_bound, read_body, request_params
+from pflash.serving.chat_completion.serving import (
+    chat_chunk,
+    chat_response,
+    chat_usage_chunk,
+    parse_chat_request,
+)
+from pflash.serving.completion.serving import (
+    completion_chunk,
+    completion_response,
+    completion_usage_chunk,
+    parse_completion_request,
+)
+from pflash.serving.edge import ChatStreamItem, Counter, Edge, StreamError, chat_frames
+from pflash.serving.envelope import SSE_KEEPALIVE, error_response, public_message
+from pflash.serving.messages import translate as messages_api
+from pflash.serving.messages.models import wants_anthropic
+from pflash.serving.models import listing
+from pflash.serving.protocol import ResponseMeta
+from pflash.serving.readiness import RETRY_AFTER_S, ReadinessCache
+from pflash.serving.responses import translate as responses_api
+from pflash.serving.tenants import (
     Tenant,
     check_return_prompt,
     is_private,
@@ -59,6 +77,8 @@ from pflash.tenants import (
     tenant_for,
     tenant_policy,
 )
+from pflash.serving.tool_calls import ToolCallStream, split_tool_calls, tool_finish, with_index
+from pflash.serving.usage import PFlashStats, ViewStats, build_usage
 from pflash.trace import TraceWriter, trace_tenant
 
 log = logging.getLogger("ray.serve")
@@ -94,11 +114,11 @@ def error_envelope(
     what failed (the stage, the runtime condition) and the request id; the exception's own
     text, which can name actors, hosts and internals, goes to the log line with that id."""
     err = unwrap_remote_error(exc)
-    status, body = api.error_response(err)
+    status, body = error_response(err)
     headers = {"x-request-id": request_id} if request_id else {}
     if status >= 500:
         message = body["error"]["message"]
-        public = api.public_message(err)
+        public = public_message(err)
         body["error"]["message"] = f"{public} (request id {request_id})" if request_id else public
         log.error(
             "request %s failed (%d): %s",
@@ -113,7 +133,7 @@ def error_envelope(
 
 
 def error_json(
-    exc: BaseException, request_id: str | None = None, edge: api.Edge | None = None
+    exc: BaseException, request_id: str | None = None, edge: Edge | None = None
 ) -> JSONResponse:
     """The error response; in the shape of `edge`'s API when the request came through one."""
     status, body, headers = error_envelope(exc, request_id)
@@ -320,7 +340,7 @@ class Ingress:
     async def readyz(self) -> JSONResponse:
         """Ready = every deployment of the graph (target, drafter, session store, probe)
         answered a check recently (`/healthz` only says this process lives); a 503 lists
-        which did not. Answered from `pflash.readiness`'s cache, which asks each deployment
+        which did not. Answered from `pflash.serving.readiness`'s cache, which asks each deployment
         once per interval in the background, so a flood of probes sends no remote calls."""
         status, body = await self.readiness.answer()
         headers = {"Retry-After": str(RETRY_AFTER_S)} if status != 200 else None
@@ -335,12 +355,12 @@ class Ingress:
         return await self._models(request, model_id)
 
     async def _models(self, request: Request, model_id: str | None) -> JSONResponse:
-        """`api.models.listing`: OpenAI's shape, or Anthropic's for a client that sends
+        """`listing`: OpenAI's shape, or Anthropic's for a client that sends
         `anthropic-version` (its errors too)."""
-        anthropic = api.messages.models.wants_anthropic(request.headers)
+        anthropic = wants_anthropic(request.headers)
         try:
             self._authorize(_with_api_key(request))
-            body = api.models.listing(
+            body = listing(
                 self.config.served_model_names,
                 model_id,
                 request.headers,
@@ -350,7 +370,7 @@ class Ingress:
             )
         except PFlashError as exc:  # 401, 404 model_not_found, the target's 503/504
             rid = "req-" + uuid.uuid4().hex[:16]
-            return error_json(exc, rid, api.messages.EDGE if anthropic else None)
+            return error_json(exc, rid, messages_api.EDGE if anthropic else None)
         return JSONResponse(body)
 
     @app.post("/v1/chat/completions")
@@ -363,27 +383,27 @@ class Ingress:
 
     @app.post("/v1/messages")
     async def messages(self, request: Request):
-        """Anthropic Messages, served by the chat flow (`pflash.api.messages`)."""
-        return await self._serve(_with_api_key(request), "chat", api.messages.EDGE)
+        """Anthropic Messages, served by the chat flow (`pflash.serving.messages`)."""
+        return await self._serve(_with_api_key(request), "chat", messages_api.EDGE)
 
     @app.post("/v1/responses")
     async def responses(self, request: Request):
-        """OpenAI Responses, served by the chat flow (`pflash.api.responses_api`)."""
-        return await self._serve(request, "chat", api.responses_api.EDGE)
+        """OpenAI Responses, served by the chat flow (`pflash.serving.responses`)."""
+        return await self._serve(request, "chat", responses_api.EDGE)
 
     @app.post("/v1/messages/count_tokens")
     async def count_message_tokens(self, request: Request):
-        """Anthropic's token count (`pflash.api.messages.COUNT`)."""
-        return await self._count(_with_api_key(request), api.messages.COUNT)
+        """Anthropic's token count (`pflash.serving.messages`)."""
+        return await self._count(_with_api_key(request), messages_api.COUNT)
 
     @app.post("/v1/responses/input_tokens")
     async def count_response_tokens(self, request: Request):
-        """The Responses API's token count (`pflash.api.responses_api.COUNT`)."""
-        return await self._count(request, api.responses_api.COUNT)
+        """The Responses API's token count (`pflash.serving.responses`)."""
+        return await self._count(request, responses_api.COUNT)
 
     # ------------------------------------------------------------------ request flow
     def _authorize(self, request: Request) -> Tenant:
-        """The request's tenant (`pflash.tenants.tenant_for`); a 401 when keys do not match."""
+        """The request's tenant (`pflash.serving.tenants.tenant_for`); a 401 when keys do not match."""
         peer = request.client.host if request.client else None
         forwarded = ",".join(request.headers.getlist("x-forwarded-for"))
         return tenant_for(self.tenants, request.headers.get("authorization"), peer, forwarded)
@@ -392,7 +412,7 @@ class Ingress:
         self,
         body: bytes,
         kind: str,
-        edge: api.Edge | api.Counter | None = None,
+        edge: Edge | Counter | None = None,
         headers: Mapping[str, str] | None = None,
     ):
         """Parse and validate the body (an `edge` API's as its chat request, `headers` the
@@ -404,9 +424,9 @@ class Ingress:
         if exchange is not None:
             req = exchange.chat
         elif kind == "chat":
-            req = api.parse_chat_request(body)
+            req = parse_chat_request(body)
         else:
-            req = api.parse_completion_request(body)
+            req = parse_completion_request(body)
         config = self.config
         req.check_allowed(config)
         config = config.with_request_overrides(req.overrides())
@@ -414,7 +434,7 @@ class Ingress:
         check_prompt_bound(req, kind, self.token_bound, config.max_prompt_tokens)
         return exchange, req, config, params
 
-    def _headers(self, rid: str, edge: api.Edge | None) -> dict[str, str]:
+    def _headers(self, rid: str, edge: Edge | None) -> dict[str, str]:
         """A served answer's headers: the replica, the request id (and under the edge API's
         own name for it)."""
         headers = {"x-pflash-replica": self.replica, "x-request-id": rid}
@@ -435,7 +455,7 @@ class Ingress:
         )
         return tenant, body
 
-    async def _accept(self, request: Request, kind: str, edge: api.Edge | api.Counter | None):
+    async def _accept(self, request: Request, kind: str, edge: Edge | Counter | None):
         """auth → body → parse → render: (tenant, edge exchange or None, request, its config,
         its sampling parameters, the rendered prompt). Raises the client's mistakes (4xx)
         before any model runs."""
@@ -459,7 +479,7 @@ class Ingress:
         check_prompt_limit(prompt, config)
         return tenant, exchange, req, config, params, prompt
 
-    async def _count(self, request: Request, counter: api.Counter) -> JSONResponse:
+    async def _count(self, request: Request, counter: Counter) -> JSONResponse:
         """The prompt's token count in the API's shape: no model runs. The count is what the
         chat flow would be given (the same render, the same encoding memo, so a count warms
         the request that follows it), accepted and refused as that request would be (a
@@ -474,11 +494,11 @@ class Ingress:
             counter.answer(len(prompt.ids)), headers=self._headers(rid, counter.edge)
         )
 
-    async def _serve(self, request: Request, kind: str, edge: api.Edge | None = None):
+    async def _serve(self, request: Request, kind: str, edge: Edge | None = None):
         """auth → parse → render → compress → stream (or one response), within the
         server's deadline (`request_timeout_s`, whatever the client's headers say). An
         `edge` API's request runs as its chat request; its answer and errors are translated
-        back (`pflash.api.edge`)."""
+        back (`pflash.serving.edge`)."""
         started = time.perf_counter()
         rid = "req-" + uuid.uuid4().hex[:16]
         try:
@@ -489,7 +509,7 @@ class Ingress:
         deadline = asyncio.get_running_loop().time() + config.request_timeout_s
         job = compression_request(req, prompt, config, tenant.id, params)
         key = job.conversation
-        meta = api.ResponseMeta.new(req.model or config.served_model_names[0], kind)
+        meta = ResponseMeta.new(req.model or config.served_model_names[0], kind)
         headers = {**self._headers(rid, edge), **(exchange.headers if exchange else {})}
         for tool in exchange.not_offered if exchange else ():
             self.metrics.record("pflash_tools_not_offered", tool=tool)
@@ -513,7 +533,7 @@ class Ingress:
                 rid,
                 keepalive=keepalive,
             )
-            frames = exchange.stream(events) if exchange else api.chat_frames(events)
+            frames = exchange.stream(events) if exchange else chat_frames(events)
             return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
 
         if req.stream:
@@ -545,11 +565,11 @@ class Ingress:
             return frozenset()
         return req.callable_tools()
 
-    def _stats(self, compressed: Compressed) -> api.PFlashStats:
-        fields = {k: v for k, v in compressed.stats.items() if k in api.PFlashStats.model_fields}
+    def _stats(self, compressed: Compressed) -> PFlashStats:
+        fields = {k: v for k, v in compressed.stats.items() if k in PFlashStats.model_fields}
         if isinstance(fields.get("view"), dict):
-            fields["view"] = api.ViewStats(**fields["view"])
-        return api.PFlashStats(**fields)
+            fields["view"] = ViewStats(**fields["view"])
+        return PFlashStats(**fields)
 
     def _account(
         self,
@@ -573,7 +593,7 @@ class Ingress:
                 self.compressor.feedback(compressed, self.config, session, accept)
             )
         prompt_n = compressed.original_tokens
-        usage = api.build_usage(prompt_n, done.timings, self._stats(compressed))
+        usage = build_usage(prompt_n, done.timings, self._stats(compressed))
         ttft_s = ttft if ttft is not None else time.perf_counter() - started
         self._observe(compressed, prompt_n, ttft_s, done.timings.prompt_ms)
         tag = "true" if compressed.compressed else "false"
@@ -625,18 +645,18 @@ class Ingress:
         usage = self._account(kind, compressed, done, ttft, started, session=req.session_id and key)
         usage = public_usage(usage, is_private(tenant_of(key)))
         prompt = compressed.served_text if req.pflash_return_prompt else None
-        content, calls = api.split_tool_calls("".join(text), self._callable(req, kind))
+        content, calls = split_tool_calls("".join(text), self._callable(req, kind))
         body = (
-            api.chat_response(
+            chat_response(
                 meta,
                 content,
-                api.tool_finish(done.finish_reason, calls),
+                tool_finish(done.finish_reason, calls),
                 usage,
                 tool_calls=calls,
                 pflash_prompt=prompt,
             )
             if kind == "chat"
-            else api.completion_response(
+            else completion_response(
                 meta, "".join(text), done.finish_reason, usage, pflash_prompt=prompt
             )
         )
@@ -644,7 +664,7 @@ class Ingress:
 
     async def _stream(
         self, req, kind, meta, compression, params, key, started, deadline, rid, *, keepalive: bool
-    ) -> AsyncIterator[api.ChatStreamItem]:
+    ) -> AsyncIterator[ChatStreamItem]:
         try:
             async with asyncio.timeout_at(deadline):
                 async for event in self._events(
@@ -657,11 +677,11 @@ class Ingress:
         except Exception as exc:  # headers are sent: report in-band, then end the stream
             compression.cancel()
             status, body, _ = error_envelope(exc, rid)
-            yield api.StreamError(status, body)
+            yield StreamError(status, body)
 
     async def _events(
         self, req, kind, meta, compression, params, key, started, *, keepalive: bool
-    ) -> AsyncIterator[api.ChatStreamItem]:
+    ) -> AsyncIterator[ChatStreamItem]:
         """The stream's items, framed by the caller: keep-alives while compressing, the
         answer's chunks, usage."""
         if keepalive:
@@ -669,24 +689,24 @@ class Ingress:
                 done, _ = await asyncio.wait({compression}, timeout=KEEPALIVE_EVERY_S)
                 if done:
                     break
-                yield api.SSE_KEEPALIVE
+                yield SSE_KEEPALIVE
         served: Served = await compression
         compressed = served.compressed
         prompt = compressed.served_text if req.pflash_return_prompt else None
         if kind == "chat":
-            yield api.chat_chunk(meta, role="assistant", content="", pflash_prompt=prompt)
+            yield chat_chunk(meta, role="assistant", content="", pflash_prompt=prompt)
         ttft = None
         done_event: GenerationDone | None = None
-        tools = api.ToolCallStream(self._callable(req, kind))  # holds back possible calls
+        tools = ToolCallStream(self._callable(req, kind))  # holds back possible calls
         async for event in self._generation(compressed, params, key, served.snapshot_cut):
             if isinstance(event, TokenDelta):
                 ttft = ttft if ttft is not None else time.perf_counter() - started
                 text = tools.feed(event.text) if kind == "chat" else event.text
                 if text:
                     chunk = (
-                        api.chat_chunk(meta, content=text)
+                        chat_chunk(meta, content=text)
                         if kind == "chat"
-                        else api.completion_chunk(meta, text)
+                        else completion_chunk(meta, text)
                     )
                     yield chunk
             elif isinstance(event, GenerationDone):
@@ -695,11 +715,11 @@ class Ingress:
             raise CompressionFailed("target", "the target ended without finishing the generation")
         rest, calls = tools.finish()
         if rest or calls:
-            yield api.chat_chunk(meta, content=rest or None, tool_calls=api.with_index(calls))
+            yield chat_chunk(meta, content=rest or None, tool_calls=with_index(calls))
         final = (
-            api.chat_chunk(meta, finish_reason=api.tool_finish(done_event.finish_reason, calls))
+            chat_chunk(meta, finish_reason=tool_finish(done_event.finish_reason, calls))
             if kind == "chat"
-            else api.completion_chunk(
+            else completion_chunk(
                 meta, finish_reason=done_event.finish_reason, pflash_prompt=prompt
             )
         )
@@ -710,8 +730,8 @@ class Ingress:
         usage = public_usage(usage, is_private(tenant_of(key)))
         if req.include_usage:
             chunk = (
-                api.chat_usage_chunk(meta, usage)
+                chat_usage_chunk(meta, usage)
                 if kind == "chat"
-                else api.completion_usage_chunk(meta, usage)
+                else completion_usage_chunk(meta, usage)
             )
             yield chunk

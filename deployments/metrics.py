@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pflash.metrics import METRICS
+from pflash.serving.metrics import METRICS
 
 
 class ServeMetrics:
-    """`record(name, value, **tags)` for every metric of pflash.metrics.METRICS.
+    """`record(name, value, **tags)` for every metric of pflash.serving.metrics.METRICS.
 
     Counters `inc`, histograms `observe`, gauges `set`. A metric failure is never allowed
     to fail a request (Ray's metrics API raises on a missing tag): it is swallowed.

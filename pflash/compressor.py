@@ -517,7 +517,7 @@ class Compressor:
 def render_request(
     req: Any, kind: str, target_tokenizer: Any, *, memo: Any = None, scope: str = ""
 ) -> RenderedPrompt:
-    """The prompt of a parsed API request (`pflash.api` chat or completion request).
+    """The prompt of a parsed API request (`pflash.serving` chat or completion request).
     `memo` (an `EncodingMemo`) and `scope` (the tenant): a chat's pieces that earlier turns
     encoded are not encoded again."""
     if kind == "completion":

@@ -1,4 +1,5 @@
-"""One exception type per failure class, mapped to HTTP in exactly one place (api.py).
+"""One exception type per failure class, mapped to HTTP in exactly one place
+(`pflash.serving.envelope`).
 
 Why classes and not codes: the pipeline fails closed. A drafter, mapping or ceiling failure
 must surface as an error that names the stage, never as a silently uncompressed prompt, so

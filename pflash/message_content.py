@@ -3,8 +3,8 @@
 `content` is a string, or a list of parts of which PFlash reads text parts only
 (`{"type": "text", "text": ...}`), joined with "\\n" as vLLM does; any other part (an image,
 audio) is the client's error, because PFlash is text only. The API validates requests with
-it (`pflash.api.requests`) and the chat renderer applies it to messages a library caller
-hands over directly (`pflash.compress.chat.normalize_messages`), so both read a message
+it (`pflash.serving.chat_completion.protocol`) and the chat renderer applies it to messages a
+library caller hands over directly (`pflash.compress.chat.normalize_messages`), so both read a message
 the same way and refuse the same parts.
 """
 

@@ -53,8 +53,6 @@ def serve_turns(
     `Compressor` with a view store, as tenant-a: the `Compressed` result of every turn.
     `scorer` is called in process; `record` receives the flow's metric events;
     `reuse_memo` False: the flow derives every turn from scratch (no `TurnMemo`)."""
-    from pflash import api
-    from pflash.admission import request_params
     from pflash.compressor import (
         Compressor,
         LocalStore,
@@ -62,6 +60,8 @@ def serve_turns(
         local_scorer,
         render_request,
     )
+    from pflash.serving.admission import request_params
+    from pflash.serving.chat_completion.serving import parse_chat_request
     from pflash.views.store import ViewStore
 
     flow = Compressor(
@@ -76,7 +76,7 @@ def serve_turns(
     out = []
     for messages in turns:
         body = {"messages": messages, "max_tokens": 32, "session_id": session_id}
-        req = api.parse_chat_request(body)
+        req = parse_chat_request(body)
         job = compression_request(
             req,
             render_request(req, "chat", tokenizer),

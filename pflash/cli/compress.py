@@ -144,11 +144,11 @@ def compress_request(
 ) -> CompressReport:
     """Render, encode and compress one request with the real drafter under `config`: the
     same `Compressor` the server runs, in process, without views (a file is one turn)."""
-    from pflash.api import PFlashStats
     from pflash.compressor import compress_in_process
     from pflash.models.drafter.scorer import DrafterScorer
     from pflash.models.probe import probe_for
     from pflash.models.source import load_tokenizer
+    from pflash.serving.usage import PFlashStats
     from pflash.trace import TraceWriter
 
     target_tokenizer = load_tokenizer(

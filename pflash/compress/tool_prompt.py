@@ -4,7 +4,7 @@ An agent's tools reach the model through the target's chat template (`tools=`). 
 templates ignore them (SmolLM2's, many base-model and older chat templates), and rendering
 the chat as given would then serve a prompt without a single tool schema, silently: the
 model cannot call what it was never shown. For such a template the tools are written into
-the prompt by PFlash, in the format its tool-call reader expects (`api.tool_calls`: hermes
+the prompt by PFlash, in the format its tool-call reader expects (`serving.tool_calls`: hermes
 `<tool_call>` blocks, as Qwen2.5/Qwen3 and Hermes models are trained on):
 
 - a system block listing every function's definition as JSON inside `<tools></tools>` and

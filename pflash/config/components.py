@@ -541,7 +541,7 @@ class ServerConfig(Component):
 
 
 class SecurityConfig(Component):
-    """Who may call and whose state a call reaches (pflash/tenants.py). Read by the ingress."""
+    """Who may call and whose state a call reaches (pflash/serving/tenants.py). Read by the ingress."""
 
     api_keys: tuple[str, ...] = Field(
         (),

@@ -27,9 +27,9 @@ from pflash_lab.bench.harness import parse_overrides
 
 def replay(trace: agent_trace.Trace, parts: dict, max_context: int = 1 << 20) -> list[dict]:
     """One row per step of `trace`, served through a fresh `Compressor` (its own store)."""
-    from pflash import api
-    from pflash.admission import request_params
     from pflash.compressor import compression_request, render_request
+    from pflash.serving.admission import request_params
+    from pflash.serving.chat_completion.serving import parse_chat_request
     from pflash_lab.bench.later_steps import in_process_flow
 
     config, tokenizer = parts["config"], parts["tokenizer"]
@@ -43,7 +43,7 @@ def replay(trace: agent_trace.Trace, parts: dict, max_context: int = 1 << 20) ->
             "max_tokens": 16,
             "session_id": session,
         }
-        req = api.parse_chat_request(body)
+        req = parse_chat_request(body)
         prompt = render_request(req, "chat", tokenizer, scope="tenant")
         served = flow.run_sync(
             compression_request(req, prompt, config, "tenant", request_params(req, config))

@@ -121,17 +121,17 @@ def in_process_flow(parts: dict, max_context: int = 1 << 20):
 
 def run_length(length: int, parts: dict) -> list[Step]:
     """Every step of one conversation of `length` document tokens."""
-    from pflash import api
-    from pflash.admission import request_params
     from pflash.compress.encoding_memo import EncodingMemo
     from pflash.compressor import compression_request, render_request
+    from pflash.serving.admission import request_params
+    from pflash.serving.chat_completion.serving import parse_chat_request
 
     config, tokenizer = parts["config"], parts["tokenizer"]
     flow = in_process_flow(parts)
     memo = EncodingMemo()  # the ingress's, one per replica
     out = []
     for i, messages in enumerate(conversation(document(tokenizer, length))):
-        req = api.parse_chat_request(
+        req = parse_chat_request(
             {"messages": messages, "max_tokens": 32, "session_id": f"later-{length}"}
         )
         t0 = time.perf_counter()

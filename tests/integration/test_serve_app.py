@@ -619,7 +619,7 @@ def test_a_forged_forwarded_for_never_chooses_the_tenant(cluster, server):
     neither that nor the named address's tenant, whichever address it names, and it is not
     shown the served prompt. The trace names each request's tenant."""
     from pflash.config import build_config
-    from pflash.tenants import tenant_for, tenant_policy
+    from pflash.serving.tenants import tenant_for, tenant_policy
 
     trace = Path(cluster.workdir) / "xv_trace.jsonl"
     before = len(trace.read_text().splitlines()) if trace.exists() else 0

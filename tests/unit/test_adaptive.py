@@ -140,8 +140,6 @@ def _budget_ratio(tokenizer, adaptive: AdaptiveKeep, **fields) -> float:
     (`with_request_overrides`, `compression_request`, `Compressor.run`)."""
     import numpy as np
 
-    from pflash import api
-    from pflash.admission import request_params
     from pflash.compress.scoring import ScoreResult
     from pflash.compressor import (
         Compressor,
@@ -150,6 +148,8 @@ def _budget_ratio(tokenizer, adaptive: AdaptiveKeep, **fields) -> float:
         local_scorer,
         render_request,
     )
+    from pflash.serving.admission import request_params
+    from pflash.serving.chat_completion.serving import parse_chat_request
     from pflash.views.store import ViewStore
 
     def uniform(request):
@@ -164,7 +164,7 @@ def _budget_ratio(tokenizer, adaptive: AdaptiveKeep, **fields) -> float:
         max_context=8192,
     )
     body = {"messages": [{"role": "user", "content": DOCUMENT + "\n\nWhat is kept?"}], **fields}
-    req = api.parse_chat_request(body)
+    req = parse_chat_request(body)
     config = config.with_request_overrides(mode=req.pflash_mode, keep_ratio=req.pflash_keep_ratio)
     job = compression_request(
         req, render_request(req, "chat", tokenizer), config, "tenant-a", request_params(req, config)

@@ -17,20 +17,15 @@ import openai.types.responses as rtypes
 import pytest
 from pydantic import TypeAdapter
 
-from pflash.api import (
-    PFlashStats,
-    ResponseMeta,
-    build_usage,
-    chat_chunk,
-    chat_response,
-    chat_usage_chunk,
-    with_index,
-)
-from pflash.api.edge import NOT_OFFERED_HEADER
-from pflash.api.messages import EDGE as MESSAGES
-from pflash.api.messages.translate import DOCUMENT_LEFT_OUT, IMAGE_LEFT_OUT
-from pflash.api.responses_api import EDGE as RESPONSES
 from pflash.models.target.protocol import GenerationTimings
+from pflash.serving.chat_completion.serving import chat_chunk, chat_response, chat_usage_chunk
+from pflash.serving.edge import NOT_OFFERED_HEADER
+from pflash.serving.messages.translate import DOCUMENT_LEFT_OUT, IMAGE_LEFT_OUT
+from pflash.serving.messages.translate import EDGE as MESSAGES
+from pflash.serving.protocol import ResponseMeta
+from pflash.serving.responses.translate import EDGE as RESPONSES
+from pflash.serving.tool_calls import with_index
+from pflash.serving.usage import PFlashStats, build_usage
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "agent_clients"
 sys.path.insert(0, str(FIXTURES))

@@ -15,7 +15,6 @@ import numpy as np
 import pydantic
 import pytest
 
-from pflash.api import PFlashStats
 from pflash.compress.aggregate import (
     asks_most_frequent,
     bit_reversal_rank,
@@ -28,6 +27,7 @@ from pflash.compress.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
 from pflash.compressor import compress_in_process
 from pflash.config import build_config
+from pflash.serving.usage import PFlashStats
 
 # (question, kind or None): several phrasings per kind, and the fact lookups that share
 # their words ("how many", "most common", "list all", "summary") but ask one fact

@@ -9,27 +9,6 @@ import openai.types.chat
 import pytest
 from pydantic import ValidationError
 
-from pflash.api import (
-    SSE_DONE,
-    SSE_KEEPALIVE,
-    ModelCard,
-    ModelList,
-    PFlashStats,
-    ResponseMeta,
-    ViewStats,
-    build_usage,
-    chat_chunk,
-    chat_response,
-    chat_usage_chunk,
-    completion_chunk,
-    completion_response,
-    completion_usage_chunk,
-    error_response,
-    parse_chat_request,
-    parse_completion_request,
-    public_message,
-    sse_event,
-)
 from pflash.config import build_config
 from pflash.errors import CompressionFailed, InvalidRequest, ModelUnavailable, StageUnavailable
 from pflash.models.target.protocol import (
@@ -38,6 +17,28 @@ from pflash.models.target.protocol import (
     UpstreamError,
     UpstreamTimeout,
 )
+from pflash.serving.chat_completion.serving import (
+    chat_chunk,
+    chat_response,
+    chat_usage_chunk,
+    parse_chat_request,
+)
+from pflash.serving.completion.serving import (
+    completion_chunk,
+    completion_response,
+    completion_usage_chunk,
+    parse_completion_request,
+)
+from pflash.serving.envelope import (
+    SSE_DONE,
+    SSE_KEEPALIVE,
+    error_response,
+    public_message,
+    sse_event,
+)
+from pflash.serving.models import ModelCard, ModelList
+from pflash.serving.protocol import ResponseMeta
+from pflash.serving.usage import PFlashStats, ViewStats, build_usage
 
 USER = {"role": "user", "content": "hi"}
 
@@ -829,7 +830,7 @@ def test_error_response_maps_each_failure_class(exc, status, error):
 
 
 def test_pydantic_validation_error_maps_to_400_naming_the_field():
-    from pflash.api import ChatCompletionRequest
+    from pflash.serving.chat_completion.protocol import ChatCompletionRequest
 
     with pytest.raises(ValidationError) as info:
         ChatCompletionRequest.model_validate({"messages": [USER], "top_p": 0})

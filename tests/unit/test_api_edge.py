@@ -6,15 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-from pflash.api import (
-    SSE_DONE,
-    SSE_KEEPALIVE,
-    ResponseMeta,
-    StreamError,
-    chat_chunk,
-    chat_frames,
-    error_response,
-)
+from pflash.serving.chat_completion.serving import chat_chunk
+from pflash.serving.edge import StreamError, chat_frames
+from pflash.serving.envelope import SSE_DONE, SSE_KEEPALIVE, error_response
+from pflash.serving.protocol import ResponseMeta
 
 META = ResponseMeta("chatcmpl-00ff", "pflash", 1_700_000_000)
 

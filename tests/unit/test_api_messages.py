@@ -10,22 +10,17 @@ import anthropic.types
 import pytest
 from pydantic import TypeAdapter
 
-from pflash.api import (
-    SSE_KEEPALIVE,
-    PFlashStats,
-    ResponseMeta,
-    StreamError,
-    build_usage,
-    chat_chunk,
-    chat_response,
-    chat_usage_chunk,
-    error_response,
-    with_index,
-)
-from pflash.api.messages import COUNT, EDGE, models
-from pflash.api.models import listing
 from pflash.errors import InvalidRequest, ModelNotFound
 from pflash.models.target.protocol import GenerationTimings
+from pflash.serving.chat_completion.serving import chat_chunk, chat_response, chat_usage_chunk
+from pflash.serving.edge import StreamError
+from pflash.serving.envelope import SSE_KEEPALIVE, error_response
+from pflash.serving.messages import models
+from pflash.serving.messages.translate import COUNT, EDGE
+from pflash.serving.models import listing
+from pflash.serving.protocol import ResponseMeta
+from pflash.serving.tool_calls import with_index
+from pflash.serving.usage import PFlashStats, build_usage
 
 EVENT = TypeAdapter(anthropic.types.RawMessageStreamEvent)
 WEATHER = {

@@ -10,21 +10,15 @@ import openai.types.responses as rtypes
 import pytest
 from pydantic import TypeAdapter
 
-from pflash.api import (
-    SSE_KEEPALIVE,
-    PFlashStats,
-    ResponseMeta,
-    StreamError,
-    build_usage,
-    chat_chunk,
-    chat_response,
-    chat_usage_chunk,
-    error_response,
-    with_index,
-)
-from pflash.api.responses_api import COUNT, EDGE
 from pflash.errors import InvalidRequest
 from pflash.models.target.protocol import GenerationTimings
+from pflash.serving.chat_completion.serving import chat_chunk, chat_response, chat_usage_chunk
+from pflash.serving.edge import StreamError
+from pflash.serving.envelope import SSE_KEEPALIVE, error_response
+from pflash.serving.protocol import ResponseMeta
+from pflash.serving.responses.translate import COUNT, EDGE
+from pflash.serving.tool_calls import with_index
+from pflash.serving.usage import PFlashStats, build_usage
 
 EVENT = TypeAdapter(rtypes.ResponseStreamEvent)
 WEATHER = {

@@ -178,9 +178,9 @@ def test_messages_and_responses_bodies_carry_the_chat_conversation(traces):
     """What the server's edges make of the bench's bodies: the chat trace itself through
     /v1/messages; through /v1/responses the same turns, except that the server folds an
     assistant reply and the tool call after it into one assistant message."""
-    from pflash.api.messages import EDGE as MESSAGES
-    from pflash.api.requests import ChatCompletionRequest
-    from pflash.api.responses_api import EDGE as RESPONSES
+    from pflash.serving.chat_completion.protocol import ChatCompletionRequest
+    from pflash.serving.messages.translate import EDGE as MESSAGES
+    from pflash.serving.responses.translate import EDGE as RESPONSES
 
     trace = traces[6000]
     chat_msgs = trace.request(len(trace.steps) - 1, "Session A")

@@ -8,8 +8,10 @@ import time
 
 import pytest
 
-from pflash import api
-from pflash.admission import (
+from pflash.compress.rendered import render_chat_prompt
+from pflash.errors import InvalidRequest, PFlashError
+from pflash.models.target.protocol import SamplingParams
+from pflash.serving.admission import (
     TokenBound,
     body_too_large,
     cap_output,
@@ -17,9 +19,10 @@ from pflash.admission import (
     check_prompt_bound,
     read_body,
 )
-from pflash.compress.rendered import render_chat_prompt
-from pflash.errors import InvalidRequest, PFlashError
-from pflash.models.target.protocol import SamplingParams
+from pflash.serving.chat_completion.protocol import ChatCompletionRequest
+from pflash.serving.chat_completion.serving import parse_chat_request
+from pflash.serving.completion.serving import parse_completion_request
+from pflash.serving.envelope import error_response
 from tests.conftest import stdlib_texts
 
 
@@ -41,7 +44,7 @@ def test_a_body_trickled_past_the_read_timeout_is_a_408_naming_it():
     elapsed = time.perf_counter() - started
     assert (err.value.http_status, err.value.code) == (408, "request_timeout")
     assert err.value.message == "the request body did not arrive within 0.3 s (body_read_timeout_s)"
-    assert api.error_response(err.value)[0] == 408
+    assert error_response(err.value)[0] == 408
     assert elapsed < 1.5
 
 
@@ -89,7 +92,7 @@ def test_a_request_asking_more_than_the_output_cap_generates_at_most_the_cap():
 
 
 def test_null_max_tokens_in_a_request_is_the_cap():
-    req = api.parse_chat_request(
+    req = parse_chat_request(
         b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": null}'
     )
     assert cap_output(req.sampling_params(), 4096).max_tokens == 4096
@@ -140,12 +143,12 @@ def test_a_tokenizer_with_a_normalizer_gets_no_bound():
     assert TokenBound.of(PreTrainedTokenizerFast(tokenizer_object=raw)) is None
 
 
-def _chat(*contents: str, assistant: str = "") -> api.ChatCompletionRequest:
+def _chat(*contents: str, assistant: str = "") -> ChatCompletionRequest:
     messages = [{"role": "system", "content": contents[0]}]
     messages += [{"role": "user", "content": c} for c in contents[1:]]
     if assistant:
         messages.insert(1, {"role": "assistant", "content": assistant})
-    return api.parse_chat_request({"messages": messages})
+    return parse_chat_request({"messages": messages})
 
 
 def test_certain_bytes_count_every_message_but_the_assistants():
@@ -173,7 +176,7 @@ def test_a_chat_that_may_fit_is_left_to_the_exact_count(smollm2_tokenizer):
 
 
 def test_a_token_id_prompt_is_counted_exactly_before_rendering():
-    req = api.parse_completion_request({"prompt": [1] * 101})
+    req = parse_completion_request({"prompt": [1] * 101})
     with pytest.raises(InvalidRequest) as err:
         check_prompt_bound(req, "completion", None, 100)
     assert err.value.param == "prompt"

@@ -161,7 +161,7 @@ def test_system_prompt_alone_too_large_fails_closed():
 
 
 def test_mandatory_part_over_the_context_is_a_400_naming_what_and_the_numbers():
-    from pflash.api import error_response
+    from pflash.serving.envelope import error_response
 
     with pytest.raises(CompressionFailed) as err:  # no system prompt: the question is too long
         _fit_plan(system=(), instruction_role=(), required=(Span(6000, 10000),))
@@ -172,7 +172,7 @@ def test_mandatory_part_over_the_context_is_a_400_naming_what_and_the_numbers():
 
 
 def test_max_tokens_filling_the_context_is_a_400_naming_max_tokens():
-    from pflash.api import error_response
+    from pflash.serving.envelope import error_response
 
     with pytest.raises(CompressionFailed) as err:
         _fit_plan(system=(), instruction_role=(), max_output=5000)

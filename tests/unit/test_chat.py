@@ -133,7 +133,7 @@ def test_bad_messages_are_invalid_requests(smollm2_tokenizer, messages, kwargs):
 
 
 def test_a_non_text_part_is_refused_as_the_api_refuses_it(smollm2_tokenizer):
-    from pflash.api.requests import parse_chat_request
+    from pflash.serving.chat_completion.serving import parse_chat_request
 
     messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     said = "content part 0 has type 'image_url': only text parts"

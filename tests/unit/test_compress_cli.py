@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pflash.api import PFlashStats
 from pflash.cli import main
 from pflash.compress.chat import render_chat
 from pflash.config import EMBEDDED_SMOLLM2
+from pflash.serving.usage import PFlashStats
 
 GENERATION_PROMPT = "<|im_start|>assistant\n"
 STATS_NAMES = {"prompt_tokens", *PFlashStats.model_fields} - {"view"}

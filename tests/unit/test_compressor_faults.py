@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pflash import api
-from pflash.admission import request_params
 from pflash.compress.scoring import ScoreResult
 from pflash.compressor import Compressor, LocalStore, Once, compression_request, render_request
 from pflash.config import build_config
 from pflash.errors import CompressionFailed, StageUnavailable
+from pflash.serving.admission import request_params
+from pflash.serving.chat_completion.serving import parse_chat_request
+from pflash.serving.envelope import error_response, public_message
 from pflash.views.store import ViewStore
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
@@ -84,7 +85,7 @@ def _run(scorer, probe, tokenizer, store=None, **overrides):
         store=store or LocalStore(ViewStore.from_config(config)),
         max_context=8192,
     )
-    req = api.parse_chat_request(
+    req = parse_chat_request(
         {
             "messages": [
                 {"role": "user", "content": DOCUMENT + "\n\nWhat must the licensee keep?"}
@@ -105,7 +106,7 @@ def test_a_dead_drafter_behind_the_probe_is_reported_as_the_drafter_and_retryabl
         _run(
             _failing_scorer(DrafterDied("actor 4f2a died")), _ProbeOfADeadInput(), smollm2_tokenizer
         )
-    status, body = api.error_response(info.value)
+    status, body = error_response(info.value)
     assert info.value.stage == "drafter"
     assert status == 503 and body["error"]["code"] == "pflash_drafter_replica_unavailable"
 
@@ -113,7 +114,7 @@ def test_a_dead_drafter_behind_the_probe_is_reported_as_the_drafter_and_retryabl
 def test_an_overloaded_drafter_is_a_503_not_a_500(smollm2_tokenizer):
     with pytest.raises(StageUnavailable) as info:
         _run(_failing_scorer(BackPressureError("queue full")), None, smollm2_tokenizer)
-    assert api.error_response(info.value)[0] == 503
+    assert error_response(info.value)[0] == 503
     assert info.value.code == "pflash_drafter_backpressure"
 
 
@@ -142,25 +143,25 @@ def _ray_transients():
 def test_a_transient_ray_failure_at_the_drafter_is_retryable_not_a_500(smollm2_tokenizer, exc):
     with pytest.raises(StageUnavailable) as info:
         _run(_failing_scorer(exc), None, smollm2_tokenizer)
-    status, body = api.error_response(info.value)
+    status, body = error_response(info.value)
     assert status in (503, 504) and info.value.stage == "drafter"
     assert body["error"]["code"].startswith("pflash_drafter_")
-    assert "ab" * 14 not in api.public_message(info.value)  # the runtime's ids stay inside
+    assert "ab" * 14 not in public_message(info.value)  # the runtime's ids stay inside
 
 
 @pytest.mark.parametrize("exc", _ray_transients(), ids=lambda e: type(e).__name__)
 def test_a_transient_ray_failure_anywhere_else_is_a_503_or_504_in_the_envelope(exc):
-    status, body = api.error_response(exc)
+    status, body = error_response(exc)
     assert status in (503, 504)
     assert body["error"]["type"] in ("service_unavailable", "overloaded_error", "timeout_error")
-    assert "ab" * 14 not in api.public_message(exc)
+    assert "ab" * 14 not in public_message(exc)
 
 
 def test_a_drafter_bug_stays_a_500_naming_the_drafter(smollm2_tokenizer):
     with pytest.raises(CompressionFailed) as info:
         _run(_failing_scorer(KeyError("tap")), None, smollm2_tokenizer)
     assert not isinstance(info.value, StageUnavailable)
-    assert info.value.stage == "drafter" and api.error_response(info.value)[0] == 500
+    assert info.value.stage == "drafter" and error_response(info.value)[0] == 500
 
 
 def test_a_dead_drafter_is_served_uncompressed_only_when_the_operator_chose_bypass(
@@ -192,7 +193,7 @@ def test_a_hung_drafter_is_a_504_after_the_remote_call_deadline(smollm2_tokenize
     with pytest.raises(StageUnavailable) as info:
         _run(_hanging_scorer(), None, smollm2_tokenizer, remote_call_timeout_s=0.3)
     assert time.monotonic() - started < 10
-    assert api.error_response(info.value)[0] == 504
+    assert error_response(info.value)[0] == 504
     assert info.value.code == "pflash_drafter_timeout"
 
 
@@ -235,7 +236,7 @@ def test_a_probe_refusal_is_a_503_at_once_not_after_the_drafter_pass(smollm2_tok
         _run(score, _OverloadedProbe(), smollm2_tokenizer, remote_call_timeout_s=60)
     assert time.monotonic() - started < 10
     assert info.value.code == "pflash_probe_backpressure"
-    assert api.error_response(info.value)[0] == 503
+    assert error_response(info.value)[0] == 503
     assert [f.cancelled() for f in pending] == [True]
 
 
@@ -337,7 +338,7 @@ def test_a_fetch_cancelled_from_elsewhere_is_a_503_naming_the_target_and_is_retr
 
     first, second = asyncio.run(main())
     assert isinstance(first, StageUnavailable) and first.stage == "target"
-    assert api.error_response(first)[0] == 503
+    assert error_response(first)[0] == 503
     assert second == 8192
 
 
@@ -367,7 +368,7 @@ def test_a_selection_bug_is_never_served_uncompressed_under_bypass(smollm2_token
         _run(_uniform_scorer(), None, smollm2_tokenizer, on_drafter_error="bypass")
     assert info.value.stage == "selection"
     assert "IndexError" in info.value.message
-    assert api.error_response(info.value)[0] == 500
+    assert error_response(info.value)[0] == 500
 
 
 def test_an_assembly_failure_keeps_its_stage_and_is_not_bypassed(smollm2_tokenizer, monkeypatch):
@@ -382,7 +383,7 @@ def test_an_assembly_failure_keeps_its_stage_and_is_not_bypassed(smollm2_tokeniz
 
 def _job(tokenizer, body, **overrides):
     config = build_config({"mode": "always", "select_semantic_weight": 0.0, **overrides}, env={})
-    req = api.parse_chat_request(body)
+    req = parse_chat_request(body)
     prompt = render_request(req, "chat", tokenizer)
     return compression_request(req, prompt, config, "anonymous", request_params(req, config))
 
@@ -409,7 +410,7 @@ def test_an_explicit_query_not_in_the_prompt_is_raised_by_planning_before_the_dr
     compressor = _compressor(smollm2_tokenizer, _uniform_scorer(calls))
     with pytest.raises(CompressionFailed) as info:
         asyncio.run(compressor.start(_job(smollm2_tokenizer, body)))
-    assert api.error_response(info.value)[0] == 400
+    assert error_response(info.value)[0] == 400
     assert info.value.code == "pflash_query_mapping" and calls == []
 
 
@@ -421,7 +422,7 @@ def test_mandatory_parts_over_the_context_are_raised_by_planning(smollm2_tokeniz
     compressor = _compressor(smollm2_tokenizer, _uniform_scorer(), max_context=4000)
     with pytest.raises(CompressionFailed) as info:
         asyncio.run(compressor.start(_job(smollm2_tokenizer, body)))
-    assert api.error_response(info.value)[0] == 400
+    assert error_response(info.value)[0] == 400
     assert (info.value.stage, info.value.param) == ("context_fit", "max_tokens")
 
 
@@ -456,5 +457,5 @@ def test_a_target_that_cannot_tell_its_context_is_a_503_naming_the_target():
     with pytest.raises(StageUnavailable) as info:
         asyncio.run(compressor.max_context())
     assert info.value.stage == "target"
-    assert api.error_response(info.value)[0] == 503
+    assert error_response(info.value)[0] == 503
     assert info.value.code == "pflash_target_replica_unavailable"

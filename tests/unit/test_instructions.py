@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from pflash.admission import request_params
-from pflash.api.messages import EDGE as MESSAGES
-from pflash.api.responses_api import EDGE as RESPONSES
 from pflash.compress.instruction_blocks import instruction_blocks
 from pflash.compress.pipeline import PromptInput, prepare
 from pflash.compressor import render_request
 from pflash.config import build_config
+from pflash.serving.admission import request_params
+from pflash.serving.messages.translate import EDGE as MESSAGES
+from pflash.serving.responses.translate import EDGE as RESPONSES
 from pflash.spans import Span
 from pflash_lab.bench.instruction_lines import instruction_lines, tool_schemas
 

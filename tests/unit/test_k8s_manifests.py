@@ -254,7 +254,7 @@ def load_dashboard() -> dict:
 
 def pflash_exported_names() -> set[str]:
     """Series names Ray exports for pflash/metrics.py (histograms as _bucket/_sum/_count)."""
-    from pflash.metrics import METRICS
+    from pflash.serving.metrics import METRICS
 
     names: set[str] = set()
     for m in METRICS:
@@ -600,7 +600,7 @@ def test_dashboard_queries_only_series_the_application_exports():
 
 
 def test_dashboard_has_a_panel_for_every_pflash_metric_and_serve_requests():
-    from pflash.metrics import METRICS
+    from pflash.serving.metrics import METRICS
 
     used = set().union(*(promql_names(e)[0] for e in dashboard_exprs(load_dashboard())))
     missing = [m.name for m in METRICS if not any(n.startswith(m.exported_name) for n in used)]
@@ -677,7 +677,7 @@ def test_the_cluster_app_starts_only_with_the_secrets_keys():
     (or, behind the load balancer, every user) was a tenant anyone could claim."""
     from pflash.config import build_config
     from pflash.errors import ConfigError
-    from pflash.tenants import tenant_policy
+    from pflash.serving.tenants import tenant_policy
 
     cfg = serve_config_v2(rayservice())
     (app,) = cfg["applications"]

@@ -17,7 +17,6 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pflash.api.tool_calls import ToolCallStream, split_tool_calls
 from pflash.compress import passages as passages_module
 from pflash.compress.code_blocks import BLOCK_MAX_CHARS, block_texts, passage_blocks
 from pflash.compress.code_headers import code_lines
@@ -33,6 +32,7 @@ from pflash.compress.passages import passages as system_passages
 from pflash.compress.query import last_occurrence
 from pflash.compress.sentences import ends_sentence, opens_sentence, sentence_ends
 from pflash.models.target.hf import StopScanner
+from pflash.serving.tool_calls import ToolCallStream, split_tool_calls
 from pflash.spans import Span, TokenizedText
 
 N = 100_000

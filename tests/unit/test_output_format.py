@@ -9,12 +9,16 @@ import json
 import openai.types.responses as rtypes
 import pytest
 
-from pflash.api import messages, parse_chat_request, parse_completion_request, responses_api
-from pflash.api.output_format import MAX_SCHEMA_CHARS
-from pflash.api.responses import PFlashStats, ResponseMeta, build_usage, chat_response
 from pflash.config import build_config
 from pflash.errors import InvalidRequest
 from pflash.models.target.protocol import GenerationTimings, OutputFormat
+from pflash.serving.chat_completion.serving import chat_response, parse_chat_request
+from pflash.serving.completion.serving import parse_completion_request
+from pflash.serving.messages import translate as messages
+from pflash.serving.output_format import MAX_SCHEMA_CHARS
+from pflash.serving.protocol import ResponseMeta
+from pflash.serving.responses import translate as responses
+from pflash.serving.usage import PFlashStats, build_usage
 
 SCHEMA = {
     "type": "object",
@@ -42,7 +46,7 @@ def messages_chat(**fields):
 
 
 def responses_chat(**fields):
-    return responses_api.EDGE.parse(json.dumps({"input": "Hi", **fields})).chat
+    return responses.EDGE.parse(json.dumps({"input": "Hi", **fields})).chat
 
 
 def test_each_api_asks_the_target_for_the_same_schema():
@@ -153,7 +157,7 @@ def test_a_response_reports_the_format_it_was_asked_for():
     answer = chat_response(meta, '{"city": "Paris", "population": 2100000}', "stop", usage)
     for fmt in (flat, {"type": "json_object"}, None):
         source = {"input": "Hi", **({"text": {"format": fmt}} if fmt else {})}
-        body, _ = responses_api.EDGE.parse(json.dumps(source)).respond(answer)
+        body, _ = responses.EDGE.parse(json.dumps(source)).respond(answer)
         response = rtypes.Response.model_validate(body)
         assert body["text"]["format"] == (fmt or {"type": "text"})
         assert json.loads(response.output_text)["city"] == "Paris"

@@ -9,11 +9,11 @@ import asyncio
 
 import numpy as np
 
-from pflash import api
-from pflash.admission import cap_output
 from pflash.compress.scoring import ScoreResult
 from pflash.compressor import Compressor, compression_request, render_request
 from pflash.config import build_config
+from pflash.serving.admission import cap_output
+from pflash.serving.chat_completion.serving import parse_chat_request
 
 DOCUMENT = " ".join(f"Clause {i} says the licensee keeps the notice intact." for i in range(300))
 
@@ -31,7 +31,7 @@ def _serve(tokenizer, body, *, room: int, **overrides):
     config = build_config(
         {"mode": "auto", "threshold": 10**6, "select_semantic_weight": 0.0, **overrides}, env={}
     )
-    req = api.parse_chat_request(body)
+    req = parse_chat_request(body)
     prompt = render_request(req, "chat", tokenizer)
     params = cap_output(req.sampling_params(), config.max_output_tokens)
     context = len(prompt.ids) + room

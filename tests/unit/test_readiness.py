@@ -7,7 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from pflash.readiness import CheckState, ReadinessCache, readiness_answer
+from pflash.serving.readiness import CheckState, ReadinessCache, readiness_answer
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fixtures"))
 from serve_cancellation import REQUEST, RemoteCalls  # noqa: E402

@@ -10,20 +10,22 @@ from h11._headers import normalize_and_validate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pflash.api import error_response, parse_chat_request, parse_completion_request
-from pflash.api.body import MAX_JSON_DEPTH, load_json_body
-from pflash.api.requests import (
+from pflash.compress.rendered import RenderedPrompt
+from pflash.compressor import check_prompt_limit
+from pflash.config import build_config
+from pflash.errors import InvalidRequest, ModelNotFound
+from pflash.models.target.protocol import SamplingParams
+from pflash.serving.body import MAX_JSON_DEPTH, load_json_body
+from pflash.serving.chat_completion.serving import parse_chat_request
+from pflash.serving.completion.serving import parse_completion_request
+from pflash.serving.envelope import error_response
+from pflash.serving.protocol import (
     MAX_IDENTIFIER_CHARS,
     MAX_QUERY_CHARS,
     MAX_REQUIRED_CHARS,
     MAX_REQUIRED_STRINGS,
     MAX_STOP_CHARS,
 )
-from pflash.compress.rendered import RenderedPrompt
-from pflash.compressor import check_prompt_limit
-from pflash.config import build_config
-from pflash.errors import InvalidRequest, ModelNotFound
-from pflash.models.target.protocol import SamplingParams
 
 USER = {"role": "user", "content": "hi"}
 

@@ -40,8 +40,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pflash import api
-from pflash.admission import request_params
 from pflash.compressor import (
     Compressor,
     LocalProbe,
@@ -51,6 +49,10 @@ from pflash.compressor import (
     render_request,
 )
 from pflash.config import build_config
+from pflash.serving.admission import request_params
+from pflash.serving.chat_completion.serving import parse_chat_request
+from pflash.serving.completion.serving import parse_completion_request
+from pflash.serving.usage import PFlashStats, ViewStats
 
 pytestmark = pytest.mark.model
 
@@ -70,10 +72,10 @@ def _untimed(stats: dict) -> dict:
 
 def _stats(compressed) -> dict:
     """`usage.timings.pflash` as the ingress reports it, without the timed fields."""
-    fields = {k: v for k, v in compressed.stats.items() if k in api.PFlashStats.model_fields}
+    fields = {k: v for k, v in compressed.stats.items() if k in PFlashStats.model_fields}
     if isinstance(fields.get("view"), dict):
-        fields["view"] = api.ViewStats(**fields["view"])
-    dumped = api.PFlashStats(**fields).model_dump(mode="json")
+        fields["view"] = ViewStats(**fields["view"])
+    dumped = PFlashStats(**fields).model_dump(mode="json")
     return {k: v for k, v in dumped.items() if k not in TIMED}
 
 
@@ -106,7 +108,7 @@ class App:
 
     def serve(self, endpoint: str, body: dict) -> dict:
         body = {**body, "pflash_return_prompt": True}
-        parse = api.parse_chat_request if endpoint == "chat" else api.parse_completion_request
+        parse = parse_chat_request if endpoint == "chat" else parse_completion_request
         req = parse(body)
         req.check_allowed(self.config)
         config = self.config.with_request_overrides(

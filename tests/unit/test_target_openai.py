@@ -22,17 +22,6 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pflash.api import (
-    SSE_DONE,
-    SSE_KEEPALIVE,
-    PFlashStats,
-    ResponseMeta,
-    build_usage,
-    chat_chunk,
-    chat_usage_chunk,
-    error_response,
-    sse_event,
-)
 from pflash.models.target.protocol import (
     GenerationDone,
     GenerationTimings,
@@ -49,6 +38,10 @@ from pflash.models.target.upstream import (
     retry_after_seconds,
     status_error,
 )
+from pflash.serving.chat_completion.serving import chat_chunk, chat_usage_chunk
+from pflash.serving.envelope import SSE_DONE, SSE_KEEPALIVE, error_response, sse_event
+from pflash.serving.protocol import ResponseMeta
+from pflash.serving.usage import PFlashStats, build_usage
 
 WORDS = ["Hello", ",", " wor", "ld", "!"]
 CALL = {

@@ -8,12 +8,11 @@ import time
 import pytest
 import torch
 
-from pflash.api import PFlashStats, ViewStats, build_usage
 from pflash.config import build_config
 from pflash.errors import ConfigError, InvalidRequest, PFlashError
 from pflash.models.target.hf import PrefixSnapshots
 from pflash.models.target.protocol import GenerationTimings
-from pflash.tenants import (
+from pflash.serving.tenants import (
     Tenant,
     check_return_prompt,
     client_address,
@@ -22,6 +21,7 @@ from pflash.tenants import (
     tenant_for,
     tenant_policy,
 )
+from pflash.serving.usage import PFlashStats, ViewStats, build_usage
 
 KEYS = ("key-number-one", "key-number-two")
 

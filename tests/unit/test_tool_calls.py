@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from pflash import api
-from pflash.api.tool_calls import ToolCallStream, split_tool_calls, tool_finish, with_index
 from pflash.errors import InvalidRequest
+from pflash.serving.chat_completion.serving import parse_chat_request
+from pflash.serving.tool_calls import ToolCallStream, split_tool_calls, tool_finish, with_index
 
 NAMES = frozenset({"get_weather", "search"})
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -118,11 +118,11 @@ def test_tool_choice_decides_which_calls_may_be_read(choice, callable_):
     body = {"messages": [USER], "tools": TOOLS}
     if choice is not None:
         body["tool_choice"] = choice
-    assert api.parse_chat_request(body).callable_tools() == callable_
+    assert parse_chat_request(body).callable_tools() == callable_
 
 
 def test_a_request_without_tools_reads_no_calls():
-    assert api.parse_chat_request({"messages": [USER]}).callable_tools() == frozenset()
+    assert parse_chat_request({"messages": [USER]}).callable_tools() == frozenset()
 
 
 @pytest.mark.parametrize(
@@ -131,5 +131,5 @@ def test_a_request_without_tools_reads_no_calls():
 )
 def test_a_tool_choice_that_is_not_valid_is_a_400_naming_it(choice):
     with pytest.raises(InvalidRequest) as info:
-        api.parse_chat_request({"messages": [USER], "tools": TOOLS, "tool_choice": choice})
+        parse_chat_request({"messages": [USER], "tools": TOOLS, "tool_choice": choice})
     assert info.value.param == "tool_choice"

@@ -7,10 +7,10 @@ import copy
 import json
 from pathlib import Path
 
-from pflash import api
 from pflash.compress.chat import render_chat
 from pflash.compress.rendered import render_chat_prompt
 from pflash.compress.tool_prompt import call_text, template_support, tools_block
+from pflash.serving.tool_calls import split_tool_calls
 
 TEMPLATES = Path(__file__).parents[1] / "fixtures" / "templates"
 WEATHER = {
@@ -75,7 +75,7 @@ def test_a_call_written_as_the_block_asks_is_read_back_as_a_tool_call():
     """The block tells the model the format the hermes reader reads: a call the model
     writes as shown comes back as `tool_calls` naming the declared function."""
     written = "Let me check.\n" + call_text(CHAT[2]["tool_calls"][0])
-    content, calls = api.split_tool_calls(written, frozenset({"get_weather"}))
+    content, calls = split_tool_calls(written, frozenset({"get_weather"}))
     assert content == "Let me check."
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("get_weather", {"city": "Paris"})

@@ -14,9 +14,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pflash import api
-from pflash.admission import request_params
-from pflash.api import PFlashStats
 from pflash.compress.assemble import RECALL_FOOTER, RECALL_HEADER
 from pflash.compress.chat import render_chat
 from pflash.compress.pipeline import PromptInput, finish, prepare
@@ -31,6 +28,10 @@ from pflash.compressor import (
 )
 from pflash.config import build_config
 from pflash.errors import CompressionFailed
+from pflash.serving.admission import request_params
+from pflash.serving.chat_completion.serving import parse_chat_request
+from pflash.serving.envelope import error_response
+from pflash.serving.usage import PFlashStats
 from pflash.spans import Span, decode_ids, subtract, union
 from pflash.views.decision import decide_view, served_result
 from pflash.views.keys import boundary_hashes, token_digest, view_keys
@@ -317,7 +318,7 @@ def _flow(tokenizer, store):
 
 
 def _request(tokenizer, **fields):
-    req = api.parse_chat_request({"messages": TURN1, "max_tokens": MAX_OUTPUT, **fields})
+    req = parse_chat_request({"messages": TURN1, "max_tokens": MAX_OUTPUT, **fields})
     config = build_config(CFG, env={}).with_request_overrides(keep_ratio=req.pflash_keep_ratio)
     return compression_request(
         req, render_request(req, "chat", tokenizer), config, "tenant-a", request_params(req, config)
@@ -344,7 +345,7 @@ def test_a_required_string_missing_from_what_is_served_fails_closed(smollm2_toke
     with pytest.raises(CompressionFailed) as info:
         flow.run_sync(_request(smollm2_tokenizer, pflash_required=[FACT]))
     assert info.value.stage == "required_check"
-    assert api.error_response(info.value)[0] == 500
+    assert error_response(info.value)[0] == 500
 
 
 # --------------------------------------------------------------------------- continue

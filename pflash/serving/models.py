@@ -5,11 +5,28 @@ sends `anthropic-version`, as Claude Code does to discover a gateway's models.""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
-from pflash.api.messages import models as anthropic_models
-from pflash.api.responses import ModelCard, ModelList
+from pydantic import BaseModel, Field
+
 from pflash.errors import ModelNotFound
+from pflash.serving.messages import models as anthropic_models
+from pflash.serving.protocol import absent
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "pflash"
+    max_model_len: int | None = Field(None, exclude_if=absent)
+
+
+class ModelList(BaseModel):
+    """`GET /v1/models`."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
 
 
 def listing(

@@ -25,7 +25,13 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pflash.api.edge import (
+from pflash.errors import InvalidRequest
+from pflash.serving.chat_completion.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+)
+from pflash.serving.edge import (
     ChatStreamItem,
     Counted,
     StreamError,
@@ -33,14 +39,11 @@ from pflash.api.edge import (
     generation_fields,
     named_event,
     not_offered_header,
-    parse_edge_body,
     pflash_header,
     to_chat,
 )
-from pflash.api.output_format import echo_text_format, text_format
-from pflash.api.requests import ChatCompletionRequest
-from pflash.api.responses import ChatCompletionChunk, ChatCompletionResponse, Usage
-from pflash.api.responses_api.protocol import (
+from pflash.serving.output_format import echo_text_format, text_format
+from pflash.serving.responses.protocol import (
     NAMES,
     AllowedToolsChoice,
     CustomTool,
@@ -56,7 +59,8 @@ from pflash.api.responses_api.protocol import (
     ResponsesRequest,
     TextPart,
 )
-from pflash.errors import InvalidRequest
+from pflash.serving.usage import Usage
+from pflash.serving.validation import parse_body
 
 # a namespaced function's name as the model sees it: <namespace>__<name>
 NAMESPACE_SEPARATOR = "__"
@@ -152,7 +156,7 @@ def _chat_name(name: str, namespace: str | None) -> str:
 
 def parse_responses_request(body: bytes | str | Mapping[str, Any]) -> ResponsesRequest:
     """Validate a request body; raise `InvalidRequest` naming the bad field."""
-    return parse_edge_body(ResponsesRequest, body, NAMES)
+    return parse_body(ResponsesRequest, body, NAMES)
 
 
 def _joined(parts: list) -> str:
@@ -622,7 +626,7 @@ class ResponsesCounter:
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
     ) -> Counted:
-        return Counted(count_request(parse_edge_body(InputTokensRequest, body, NAMES)))
+        return Counted(count_request(parse_body(InputTokensRequest, body, NAMES)))
 
     def answer(self, input_tokens: int) -> dict[str, Any]:
         return {"object": "response.input_tokens", "input_tokens": input_tokens}

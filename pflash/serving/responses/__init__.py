@@ -2,8 +2,3 @@
 translation onto the chat flow: `protocol` (the request), `translate` (in and out, whole and
 streamed, the count). The server is stateless: `previous_response_id` and `conversation`
 are a 400, the client sends the whole input."""
-
-from pflash.api.responses_api.protocol import InputTokensRequest, ResponsesRequest
-from pflash.api.responses_api.translate import COUNT, EDGE, ResponsesExchange
-
-__all__ = ["COUNT", "EDGE", "InputTokensRequest", "ResponsesExchange", "ResponsesRequest"]

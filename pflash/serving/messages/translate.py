@@ -28,7 +28,13 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pflash.api.edge import (
+from pflash.errors import InvalidRequest
+from pflash.serving.chat_completion.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+)
+from pflash.serving.edge import (
     ChatStreamItem,
     Counted,
     StreamError,
@@ -36,11 +42,10 @@ from pflash.api.edge import (
     generation_fields,
     named_event,
     not_offered_header,
-    parse_edge_body,
     pflash_header,
     to_chat,
 )
-from pflash.api.messages.protocol import (
+from pflash.serving.messages.protocol import (
     NAMES,
     CountTokensRequest,
     DocumentBlock,
@@ -54,10 +59,9 @@ from pflash.api.messages.protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from pflash.api.output_format import messages_format
-from pflash.api.requests import ChatCompletionRequest
-from pflash.api.responses import ChatCompletionChunk, ChatCompletionResponse, Usage
-from pflash.errors import InvalidRequest
+from pflash.serving.output_format import messages_format
+from pflash.serving.usage import Usage
+from pflash.serving.validation import parse_body
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 # what a tool result's unreadable parts become: the model learns something was there
@@ -85,7 +89,7 @@ ERROR_TYPES = {
 
 def parse_messages_request(body: bytes | str | Mapping[str, Any]) -> MessagesRequest:
     """Validate a request body; raise `InvalidRequest` naming the bad field."""
-    return parse_edge_body(MessagesRequest, body, NAMES)
+    return parse_body(MessagesRequest, body, NAMES)
 
 
 def _joined(blocks: list[TextBlock]) -> str:
@@ -516,7 +520,7 @@ class MessagesCounter:
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
     ) -> Counted:
-        return Counted(count_request(parse_edge_body(CountTokensRequest, body, NAMES)))
+        return Counted(count_request(parse_body(CountTokensRequest, body, NAMES)))
 
     def answer(self, input_tokens: int) -> dict[str, Any]:
         return {"input_tokens": input_tokens}

@@ -31,9 +31,9 @@ import hmac
 import ipaddress
 from dataclasses import dataclass, field
 
-from pflash.api import Usage, ViewStats
 from pflash.config import SecurityConfig
 from pflash.errors import ConfigError, InvalidRequest, PFlashError
+from pflash.serving.usage import Usage, ViewStats
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address

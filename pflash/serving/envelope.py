@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from pflash.api.requests import invalid_request_from
 from pflash.errors import PFlashError, runtime_failure
+from pflash.serving.validation import invalid_request_from
 
 # ---------------------------------------------------------------------- errors and SSE
 

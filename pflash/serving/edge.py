@@ -2,11 +2,11 @@
 
 Every endpoint runs one flow: its request becomes a `ChatCompletionRequest`, which renders
 once, compresses, generates and reads tool calls exactly as `/v1/chat/completions` does.
-An API other than chat completions is a translation in and out (`pflash.api.messages`,
-`pflash.api.responses_api`): it parses its own body into an `Exchange`, and the exchange
+An API other than chat completions is a translation in and out (`serving.messages`,
+`serving.responses`): it parses its own body into an `Exchange`, and the exchange
 turns the chat flow's answer (one `ChatCompletionResponse`, or the stream of
 `ChatStreamItem`s) into that API's body or events. Errors reach it as the OpenAI envelope
-(`api.error_response`, the one mapping) and leave in the API's own shape.
+(`envelope.error_response`, the one mapping) and leave in the API's own shape.
 """
 
 from __future__ import annotations
@@ -16,13 +16,16 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from pflash.api.body import json_object
-from pflash.api.envelope import SSE_DONE, sse_event
-from pflash.api.requests import ChatCompletionRequest, check_identifier, parse_chat_request
-from pflash.api.responses import ChatCompletionChunk, ChatCompletionResponse
-from pflash.errors import InvalidRequest
+from pflash.serving.chat_completion.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+)
+from pflash.serving.chat_completion.serving import parse_chat_request
+from pflash.serving.envelope import SSE_DONE, sse_event
+from pflash.serving.protocol import check_identifier
 
 # top-level fields an edge request passes to the chat request as they are, besides every
 # pflash_* field (an unknown one is a 400 there)
@@ -135,64 +138,6 @@ def pflash_header(response: ChatCompletionResponse) -> dict[str, str]:
     """`x-pflash-stats`: `usage.timings.pflash` as compact JSON, for clients that read
     headers rather than bodies."""
     return {"x-pflash-stats": response.usage.timings.pflash.model_dump_json()}
-
-
-@dataclass(frozen=True)
-class FieldNames:
-    """How an edge API names its fields in errors: `fields`, every field name of its
-    request models; `tags`, the labels pydantic gives a union's members after a list index
-    (the block or item type), which are left out of a path."""
-
-    fields: frozenset[str]
-    tags: frozenset[str]
-
-    @classmethod
-    def of(cls, models: tuple[type[BaseModel], ...], tags: frozenset[str]) -> FieldNames:
-        return cls(
-            frozenset(f.alias or name for m in models for name, f in m.model_fields.items()), tags
-        )
-
-    def param(self, loc: tuple[Any, ...]) -> str | None:
-        """("messages", 0, "content", 2, "tool_use", "id") -> "messages[0].content[2].id"."""
-        out = ""
-        for i, part in enumerate(loc):
-            if isinstance(part, int):
-                out += f"[{part}]"
-            elif part in self.fields and not (
-                part in self.tags and i > 0 and isinstance(loc[i - 1], int)
-            ):
-                out += f".{part}" if out else part
-        return out or None
-
-
-def invalid_request(err: ValidationError, names: FieldNames) -> InvalidRequest:
-    """The first validation error of an edge API's request as an `InvalidRequest` naming its
-    field in that API's terms (`messages[1].content[0]`)."""
-    first = err.errors(include_url=False)[0]
-    param = names.param(tuple(first.get("loc", ())))
-    message = first["msg"]
-    if first["type"] == "union_tag_invalid":
-        ctx = first.get("ctx") or {}
-        message = (
-            f"type {ctx.get('tag', '?')!r} is not supported by this server "
-            f"(supported: {ctx.get('expected_tags', '')})"
-        )
-    elif message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
-    code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
-    return InvalidRequest(f"{param}: {message}" if param else message, param=param, code=code)
-
-
-def parse_edge_body(
-    model: type[Model], body: bytes | str | Mapping[str, Any], names: FieldNames
-) -> Model:
-    """An edge API's request body validated as `model`, with the JSON limits every endpoint
-    has (`api.body`); `InvalidRequest` naming the bad field otherwise."""
-    data = json_object(body)
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        raise invalid_request(err, names) from None
 
 
 def generation_fields(

@@ -15,7 +15,7 @@ user's own message they are a 400 naming the block, as the server reads text onl
 Anthropic's server tools (`web_search_20250305`, ...) run on Anthropic's servers: they are
 not offered to the model and the response says so (`x-pflash-tools-not-offered`).
 `output_config.format` (or the beta's `output_format`) asks for JSON matching a schema
-(`api.output_format`). PFlash's own fields (`pflash_mode`, `pflash_keep_ratio`,
+(`serving.output_format`). PFlash's own fields (`pflash_mode`, `pflash_keep_ratio`,
 `pflash_query`, `pflash_required`, `pflash_return_prompt`, `session_id`) and `seed` ride at
 the top level (the SDK's `extra_body`) and are validated by the chat request.
 """
@@ -34,8 +34,8 @@ from pydantic import (
     model_validator,
 )
 
-from pflash.api.edge import FieldNames
-from pflash.api.output_format import MessagesJSONFormat, MessagesOutputConfig
+from pflash.serving.output_format import MessagesJSONFormat, MessagesOutputConfig
+from pflash.serving.validation import FieldNames
 
 _CONFIG = ConfigDict(strict=True, extra="ignore")
 

@@ -14,7 +14,7 @@ says so (`x-pflash-tools-not-offered`). The server is stateless: `previous_respo
 accepted and changes nothing. `prompt_cache_key` names the client's session (affinity).
 Accepted and ignored: `metadata`, `client_metadata`, `parallel_tool_calls`, `user`,
 `text.verbosity`, `reasoning`, `truncation`, `include`, `service_tier`. `text.format` asks
-for JSON (`api.output_format`). Images and files in a user's message are a 400 naming them
+for JSON (`serving.output_format`). Images and files in a user's message are a 400 naming them
 (this server reads text only); in a tool's output they are a note that they were left out.
 PFlash's own fields and `seed` ride at the top level (the SDK's `extra_body`) and are
 validated by the chat request.
@@ -34,8 +34,8 @@ from pydantic import (
     field_validator,
 )
 
-from pflash.api.edge import FieldNames
-from pflash.api.output_format import FlatJSONSchemaFormat, ResponsesText
+from pflash.serving.output_format import FlatJSONSchemaFormat, ResponsesText
+from pflash.serving.validation import FieldNames
 
 _CONFIG = ConfigDict(strict=True, extra="ignore")
 
