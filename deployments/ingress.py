@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,58 +33,36 @@ from deployments.metrics import ServeMetrics
 from deployments.resources import freeze_startup_heap
 from deployments.session_store import STORE_NAME
 from pflash.compress.encoding_memo import EncodingMemo
-from pflash.compress.pipeline import Compressed
 from pflash.compress.scoring import ScoreRequest
 from pflash.compressor import (
     Compressor,
-    Served,
     check_prompt_limit,
     compression_request,
     render_request,
     tenant_of,
-    unwrap_remote_error,
 )
 from pflash.config import PFlashConfig, ViewsConfig, build_config
-from pflash.errors import CompressionFailed, PFlashError, StageUnavailable
+from pflash.errors import PFlashError
 from pflash.models.source import load_tokenizer
-from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta
+from pflash.models.target.protocol import SamplingParams
 from pflash.serving.admission import TokenBound, check_prompt_bound, read_body, request_params
-from pflash.serving.chat_completion.serving import (
-    chat_chunk,
-    chat_response,
-    chat_usage_chunk,
-    parse_chat_request,
-)
-from pflash.serving.completion.serving import (
-    completion_chunk,
-    completion_response,
-    completion_usage_chunk,
-    parse_completion_request,
-)
-from pflash.serving.edge import ChatStreamItem, Counter, Edge, StreamError, chat_frames
-from pflash.serving.envelope import SSE_KEEPALIVE, error_response, public_message
+from pflash.serving.answer import Answer, Answers, Call
+from pflash.serving.chat_completion.serving import ChatAnswer
+from pflash.serving.completion.serving import CompletionAnswer
+from pflash.serving.edge import Counter, Edge
+from pflash.serving.envelope import error_envelope, openai_frames
 from pflash.serving.messages import translate as messages_api
 from pflash.serving.messages.models import wants_anthropic
 from pflash.serving.models import listing
 from pflash.serving.protocol import ResponseMeta
 from pflash.serving.readiness import RETRY_AFTER_S, ReadinessCache
 from pflash.serving.responses import translate as responses_api
-from pflash.serving.tenants import (
-    Tenant,
-    check_return_prompt,
-    is_private,
-    public_usage,
-    tenant_for,
-    tenant_policy,
-)
-from pflash.serving.tool_calls import ToolCallStream, split_tool_calls, tool_finish, with_index
-from pflash.serving.usage import PFlashStats, ViewStats, build_usage
+from pflash.serving.tenants import Tenant, check_return_prompt, tenant_for, tenant_policy
 from pflash.trace import TraceWriter, trace_tenant
 
 log = logging.getLogger("ray.serve")
 
 KEEPALIVE_AFTER_S = 1.0  # a stream starts with keep-alives when compression takes longer
-KEEPALIVE_EVERY_S = 2.0
 PARSE_INLINE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop (< ~1 ms)
 
 
@@ -107,41 +85,15 @@ app = FastAPI(
 )
 
 
-def error_envelope(
-    exc: BaseException, request_id: str | None = None
-) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """(status, body, headers) of the error envelope for `exc`. A 5xx tells the client only
-    what failed (the stage, the runtime condition) and the request id; the exception's own
-    text, which can name actors, hosts and internals, goes to the log line with that id."""
-    err = unwrap_remote_error(exc)
-    status, body = error_response(err)
-    headers = {"x-request-id": request_id} if request_id else {}
-    if status >= 500:
-        message = body["error"]["message"]
-        public = public_message(err)
-        body["error"]["message"] = f"{public} (request id {request_id})" if request_id else public
-        log.error(
-            "request %s failed (%d): %s",
-            request_id,
-            status,
-            message,
-            exc_info=err if not isinstance(err, PFlashError) else None,
-        )
-    if status in (502, 503, 504):
-        headers["Retry-After"] = str(getattr(err, "retry_after_s", None) or 1)
-    return status, body, headers
-
-
-def error_json(
-    exc: BaseException, request_id: str | None = None, edge: Edge | None = None
-) -> JSONResponse:
+def error_json(exc: BaseException, request_id: str, edge: Edge | None = None) -> JSONResponse:
     """The error response; in the shape of `edge`'s API when the request came through one."""
     status, body, headers = error_envelope(exc, request_id)
+    headers["x-request-id"] = request_id
     if edge is not None:
         body = edge.error(status, body)
-        if edge.id_header and request_id:
+        if edge.id_header:
             headers[edge.id_header] = request_id
-    return JSONResponse(body, status_code=status, headers=headers or None)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _with_api_key(request: Request) -> Request:
@@ -192,6 +144,19 @@ class _DrafterHandle:
 
     def __call__(self, request: ScoreRequest, conversation: str):
         return self.handle.options(session_id=conversation).score.remote(request)
+
+
+class _TargetHandle:
+    """The TargetModel deployment as the answer path's `generate`: a stream routed by the
+    conversation key to the replica holding its KV snapshots, which the target scopes by
+    tenant (the key's prefix)."""
+
+    def __init__(self, handle: DeploymentHandle):
+        self.handle = handle
+
+    def __call__(self, ids, params: SamplingParams, cut: int | None, conversation: str):
+        stream = self.handle.options(stream=True, session_id=conversation)
+        return stream.generate.remote(list(ids), params, cut, conversation, tenant_of(conversation))
 
 
 class _ProbeHandle:
@@ -296,6 +261,13 @@ class Ingress:
             trace=self.trace,
             offload=asyncio.to_thread,
         )
+        self.answers = Answers(
+            _TargetHandle(target),
+            self.metrics.record,
+            lambda compressed, session, accept: self.compressor.feedback(
+                compressed, self.config, session, accept
+            ),
+        )
         checks = {
             "target": lambda: self.target.ready.remote(),
             "drafter": lambda: self._drafter.ready.remote(),
@@ -375,21 +347,21 @@ class Ingress:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
-        return await self._serve(request, "chat")
+        return await self._serve(request, ChatAnswer)
 
     @app.post("/v1/completions")
     async def completions(self, request: Request):
-        return await self._serve(request, "completion")
+        return await self._serve(request, CompletionAnswer)
 
     @app.post("/v1/messages")
     async def messages(self, request: Request):
         """Anthropic Messages, served by the chat flow (`pflash.serving.messages`)."""
-        return await self._serve(_with_api_key(request), "chat", messages_api.EDGE)
+        return await self._serve(_with_api_key(request), ChatAnswer, messages_api.EDGE)
 
     @app.post("/v1/responses")
     async def responses(self, request: Request):
         """OpenAI Responses, served by the chat flow (`pflash.serving.responses`)."""
-        return await self._serve(request, "chat", responses_api.EDGE)
+        return await self._serve(request, ChatAnswer, responses_api.EDGE)
 
     @app.post("/v1/messages/count_tokens")
     async def count_message_tokens(self, request: Request):
@@ -411,7 +383,7 @@ class Ingress:
     def _admit(
         self,
         body: bytes,
-        kind: str,
+        answer: type[Answer],
         edge: Edge | Counter | None = None,
         headers: Mapping[str, str] | None = None,
     ):
@@ -421,17 +393,12 @@ class Ingress:
         it is rendered: (the edge exchange or None, the request, its config, its sampling
         parameters)."""
         exchange = edge.parse(body, headers) if edge is not None else None
-        if exchange is not None:
-            req = exchange.chat
-        elif kind == "chat":
-            req = parse_chat_request(body)
-        else:
-            req = parse_completion_request(body)
+        req = exchange.chat if exchange is not None else answer.parse(body)
         config = self.config
         req.check_allowed(config)
         config = config.with_request_overrides(req.overrides())
         params = request_params(req, config)
-        check_prompt_bound(req, kind, self.token_bound, config.max_prompt_tokens)
+        check_prompt_bound(req, answer.kind, self.token_bound, config.max_prompt_tokens)
         return exchange, req, config, params
 
     def _headers(self, rid: str, edge: Edge | None) -> dict[str, str]:
@@ -455,7 +422,7 @@ class Ingress:
         )
         return tenant, body
 
-    async def _accept(self, request: Request, kind: str, edge: Edge | Counter | None):
+    async def _accept(self, request: Request, answer: type[Answer], edge: Edge | Counter | None):
         """auth → body → parse → render: (tenant, edge exchange or None, request, its config,
         its sampling parameters, the rendered prompt). Raises the client's mistakes (4xx)
         before any model runs."""
@@ -463,15 +430,15 @@ class Ingress:
         headers = dict(request.headers)
         if len(body) > PARSE_INLINE_BYTES:  # a large body is parsed off the event loop
             exchange, req, config, params = await asyncio.to_thread(
-                self._admit, body, kind, edge, headers
+                self._admit, body, answer, edge, headers
             )
         else:
-            exchange, req, config, params = self._admit(body, kind, edge, headers)
+            exchange, req, config, params = self._admit(body, answer, edge, headers)
         check_return_prompt(tenant, req.pflash_return_prompt)
         prompt = await asyncio.to_thread(
             render_request,
             req,
-            kind,
+            answer.kind,
             self.target_tokenizer,
             memo=self.encodings,
             scope=tenant.id,
@@ -486,7 +453,7 @@ class Ingress:
         prompt over `max_prompt_tokens` is the same 400)."""
         rid = "req-" + uuid.uuid4().hex[:16]
         try:
-            *_, prompt = await self._accept(request, "chat", counter)
+            *_, prompt = await self._accept(request, ChatAnswer, counter)
         except Exception as exc:  # validation and rendering errors: 4xx before any model runs
             self.metrics.record("pflash_errors", stage="request")
             return error_json(exc, rid, counter.edge)
@@ -494,7 +461,7 @@ class Ingress:
             counter.answer(len(prompt.ids)), headers=self._headers(rid, counter.edge)
         )
 
-    async def _serve(self, request: Request, kind: str, edge: Edge | None = None):
+    async def _serve(self, request: Request, answer: type[Answer], edge: Edge | None = None):
         """auth → parse → render → compress → stream (or one response), within the
         server's deadline (`request_timeout_s`, whatever the client's headers say). An
         `edge` API's request runs as its chat request; its answer and errors are translated
@@ -502,14 +469,14 @@ class Ingress:
         started = time.perf_counter()
         rid = "req-" + uuid.uuid4().hex[:16]
         try:
-            tenant, exchange, req, config, params, prompt = await self._accept(request, kind, edge)
+            tenant, exchange, req, config, params, prompt = await self._accept(
+                request, answer, edge
+            )
         except Exception as exc:  # validation and rendering errors: 4xx before any model runs
             self.metrics.record("pflash_errors", stage="request")
             return error_json(exc, rid, edge)
         deadline = asyncio.get_running_loop().time() + config.request_timeout_s
         job = compression_request(req, prompt, config, tenant.id, params)
-        key = job.conversation
-        meta = ResponseMeta.new(req.model or config.served_model_names[0], kind)
         headers = {**self._headers(rid, edge), **(exchange.headers if exchange else {})}
         for tool in exchange.not_offered if exchange else ():
             self.metrics.record("pflash_tools_not_offered", tool=tool)
@@ -518,39 +485,39 @@ class Ingress:
                 pending = await self.compressor.start(job)
         except Exception as exc:
             return error_json(exc, rid, edge)
-        compression = asyncio.ensure_future(pending.finish())
+        call = Call(
+            request_id=rid,
+            request=req,
+            answer=answer,
+            config=config,
+            params=params,
+            meta=ResponseMeta.new(req.model or config.served_model_names[0], answer.id_prefix),
+            conversation=job.conversation,
+            started=started,
+            deadline=deadline,
+            compression=asyncio.ensure_future(pending.finish()),
+        )
 
         def stream(*, keepalive: bool) -> StreamingResponse:
-            events = self._stream(
-                req,
-                kind,
-                meta,
-                compression,
-                params,
-                key,
-                started,
-                deadline,
-                rid,
-                keepalive=keepalive,
-            )
-            frames = exchange.stream(events) if exchange else chat_frames(events)
+            items = self.answers.stream(call, keepalive=keepalive)
+            frames = exchange.stream(items) if exchange else openai_frames(items)
             return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
 
         if req.stream:
-            done, _ = await asyncio.wait({compression}, timeout=KEEPALIVE_AFTER_S)
+            done, _ = await asyncio.wait({call.compression}, timeout=KEEPALIVE_AFTER_S)
             if not done:  # long prompt: start the stream now, keep the connection alive
                 return stream(keepalive=True)
         try:
             async with asyncio.timeout_at(deadline):
-                served = await compression
+                await call.compression
         except Exception as exc:
-            compression.cancel()
+            call.compression.cancel()
             return error_json(exc, rid, edge)
         if req.stream:
             return stream(keepalive=False)
         try:
             async with asyncio.timeout_at(deadline):
-                response = await self._respond(req, kind, meta, served, params, key, started)
+                response = await self.answers.whole(call)
             if exchange is None:
                 return JSONResponse(response.model_dump(mode="json"), headers=headers)
             body, extra = exchange.respond(response)
@@ -558,180 +525,3 @@ class Ingress:
         except Exception as exc:
             self.metrics.record("pflash_errors", stage="target")
             return error_json(exc, rid, edge)
-
-    def _callable(self, req, kind: str) -> frozenset[str]:
-        """The functions whose hermes-format calls in the answer become `tool_calls`."""
-        if kind != "chat" or self.config.tool_call_parser == "none":
-            return frozenset()
-        return req.callable_tools()
-
-    def _stats(self, compressed: Compressed) -> PFlashStats:
-        fields = {k: v for k, v in compressed.stats.items() if k in PFlashStats.model_fields}
-        if isinstance(fields.get("view"), dict):
-            fields["view"] = ViewStats(**fields["view"])
-        return PFlashStats(**fields)
-
-    def _account(
-        self,
-        kind: str,
-        compressed: Compressed,
-        done,
-        ttft: float | None,
-        started: float,
-        session=None,
-    ):
-        """Usage for the response and the request's metrics, once the generation is done.
-
-        When the target ran speculative decoding, its acceptance moves this session's
-        adaptive keep ratio (§6.6): lower acceptance reads as lost context → keep more.
-        """
-        if done is None:
-            raise CompressionFailed("target", "the target ended without finishing the generation")
-        accept = getattr(done, "accept_rate", None)
-        if session and accept is not None:
-            asyncio.ensure_future(
-                self.compressor.feedback(compressed, self.config, session, accept)
-            )
-        prompt_n = compressed.original_tokens
-        usage = build_usage(prompt_n, done.timings, self._stats(compressed))
-        ttft_s = ttft if ttft is not None else time.perf_counter() - started
-        self._observe(compressed, prompt_n, ttft_s, done.timings.prompt_ms)
-        tag = "true" if compressed.compressed else "false"
-        self.metrics.record("pflash_requests", endpoint=kind, compressed=tag)
-        return usage
-
-    def _observe(
-        self, compressed: Compressed, prompt_n: int, ttft_s: float, prefill_ms: float
-    ) -> None:
-        tag = "true" if compressed.compressed else "false"
-        self.metrics.record("pflash_ttft_seconds", ttft_s, compressed=tag)
-        self.metrics.record("pflash_target_prefill_seconds", prefill_ms / 1000.0, compressed=tag)
-        self.metrics.record("pflash_input_tokens", prompt_n)
-        self.metrics.record("pflash_kept_tokens", len(compressed.served_ids))
-        self.metrics.record("pflash_keep_ratio", compressed.served_ratio)
-
-    async def _generation(
-        self, compressed: Compressed, params: SamplingParams, key: str, cut: int | None
-    ) -> AsyncIterator[Any]:
-        """The target's events, each within `remote_call_timeout_s` of the one before (the
-        first within it of the call): a hung target is a 504 naming it, not a held request."""
-        # the target scopes its prefix snapshots by tenant (the conversation key's prefix)
-        events = self.target.options(stream=True, session_id=key).generate.remote(
-            list(compressed.served_ids), params, cut, key, tenant_of(key)
-        )
-        gap_s = self.config.remote_call_timeout_s
-        while True:
-            try:
-                async with asyncio.timeout(gap_s):
-                    event = await events.__anext__()
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                events.cancel()
-                raise StageUnavailable("target", TimeoutError(f"no event for {gap_s} s")) from None
-            yield event
-
-    async def _respond(self, req, kind, meta, served: Served, params, key, started):
-        text: list[str] = []
-        done: GenerationDone | None = None
-        ttft = None
-        compressed = served.compressed
-        async for event in self._generation(compressed, params, key, served.snapshot_cut):
-            if isinstance(event, TokenDelta):
-                ttft = ttft if ttft is not None else time.perf_counter() - started
-                text.append(event.text)
-            elif isinstance(event, GenerationDone):
-                done = event
-        usage = self._account(kind, compressed, done, ttft, started, session=req.session_id and key)
-        usage = public_usage(usage, is_private(tenant_of(key)))
-        prompt = compressed.served_text if req.pflash_return_prompt else None
-        content, calls = split_tool_calls("".join(text), self._callable(req, kind))
-        body = (
-            chat_response(
-                meta,
-                content,
-                tool_finish(done.finish_reason, calls),
-                usage,
-                tool_calls=calls,
-                pflash_prompt=prompt,
-            )
-            if kind == "chat"
-            else completion_response(
-                meta, "".join(text), done.finish_reason, usage, pflash_prompt=prompt
-            )
-        )
-        return body
-
-    async def _stream(
-        self, req, kind, meta, compression, params, key, started, deadline, rid, *, keepalive: bool
-    ) -> AsyncIterator[ChatStreamItem]:
-        try:
-            async with asyncio.timeout_at(deadline):
-                async for event in self._events(
-                    req, kind, meta, compression, params, key, started, keepalive=keepalive
-                ):
-                    yield event
-        except asyncio.CancelledError:
-            compression.cancel()
-            raise
-        except Exception as exc:  # headers are sent: report in-band, then end the stream
-            compression.cancel()
-            status, body, _ = error_envelope(exc, rid)
-            yield StreamError(status, body)
-
-    async def _events(
-        self, req, kind, meta, compression, params, key, started, *, keepalive: bool
-    ) -> AsyncIterator[ChatStreamItem]:
-        """The stream's items, framed by the caller: keep-alives while compressing, the
-        answer's chunks, usage."""
-        if keepalive:
-            while True:
-                done, _ = await asyncio.wait({compression}, timeout=KEEPALIVE_EVERY_S)
-                if done:
-                    break
-                yield SSE_KEEPALIVE
-        served: Served = await compression
-        compressed = served.compressed
-        prompt = compressed.served_text if req.pflash_return_prompt else None
-        if kind == "chat":
-            yield chat_chunk(meta, role="assistant", content="", pflash_prompt=prompt)
-        ttft = None
-        done_event: GenerationDone | None = None
-        tools = ToolCallStream(self._callable(req, kind))  # holds back possible calls
-        async for event in self._generation(compressed, params, key, served.snapshot_cut):
-            if isinstance(event, TokenDelta):
-                ttft = ttft if ttft is not None else time.perf_counter() - started
-                text = tools.feed(event.text) if kind == "chat" else event.text
-                if text:
-                    chunk = (
-                        chat_chunk(meta, content=text)
-                        if kind == "chat"
-                        else completion_chunk(meta, text)
-                    )
-                    yield chunk
-            elif isinstance(event, GenerationDone):
-                done_event = event
-        if done_event is None:
-            raise CompressionFailed("target", "the target ended without finishing the generation")
-        rest, calls = tools.finish()
-        if rest or calls:
-            yield chat_chunk(meta, content=rest or None, tool_calls=with_index(calls))
-        final = (
-            chat_chunk(meta, finish_reason=tool_finish(done_event.finish_reason, calls))
-            if kind == "chat"
-            else completion_chunk(
-                meta, finish_reason=done_event.finish_reason, pflash_prompt=prompt
-            )
-        )
-        yield final
-        usage = self._account(
-            kind, compressed, done_event, ttft, started, session=req.session_id and key
-        )
-        usage = public_usage(usage, is_private(tenant_of(key)))
-        if req.include_usage:
-            chunk = (
-                chat_usage_chunk(meta, usage)
-                if kind == "chat"
-                else completion_usage_chunk(meta, usage)
-            )
-            yield chunk

@@ -11,12 +11,9 @@ turns the chat flow's answer (one `ChatCompletionResponse`, or the stream of
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
-
-from pydantic import BaseModel
+from typing import Any, Protocol
 
 from pflash.serving.chat_completion.protocol import (
     ChatCompletionChunk,
@@ -24,7 +21,7 @@ from pflash.serving.chat_completion.protocol import (
     ChatCompletionResponse,
 )
 from pflash.serving.chat_completion.serving import parse_chat_request
-from pflash.serving.envelope import SSE_DONE, sse_event
+from pflash.serving.envelope import StreamError
 from pflash.serving.protocol import check_identifier
 
 # top-level fields an edge request passes to the chat request as they are, besides every
@@ -32,18 +29,6 @@ from pflash.serving.protocol import check_identifier
 PASSTHROUGH = ("session_id", "seed")
 # the response header that names the tools a request declared and the model was not offered
 NOT_OFFERED_HEADER = "x-pflash-tools-not-offered"
-
-Model = TypeVar("Model", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class StreamError:
-    """A failure after a stream's headers were sent: the status it would have had and its
-    OpenAI error body. It is the stream's last item; the API reports it in-band."""
-
-    status: int
-    body: dict[str, Any]
-
 
 # what the chat flow streams: a keep-alive comment (`SSE_KEEPALIVE`, while compressing), a
 # chunk, or, last, the error that ended it
@@ -108,30 +93,6 @@ class Counter(Protocol):
 
     def answer(self, input_tokens: int) -> dict[str, Any]:
         """The API's body for a count."""
-
-
-async def chat_frames(items: AsyncIterator[ChatStreamItem]) -> AsyncIterator[str]:
-    """Chat completions' own framing: each chunk a `data:` event, an error in-band, then
-    `[DONE]`."""
-    async for item in items:
-        if isinstance(item, str):
-            yield item
-        elif isinstance(item, StreamError):
-            yield sse_event(item.body)
-            break
-        else:
-            yield sse_event(item)
-    yield SSE_DONE
-
-
-def named_event(name: str, payload: BaseModel | Mapping[str, Any]) -> str:
-    """One server-sent event with an `event:` line, as the Anthropic and Responses APIs
-    frame theirs (their SDKs dispatch on it)."""
-    if isinstance(payload, BaseModel):
-        data = payload.model_dump_json(exclude_none=True)
-    else:
-        data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    return f"event: {name}\ndata: {data}\n\n"
 
 
 def pflash_header(response: ChatCompletionResponse) -> dict[str, str]:

@@ -5,15 +5,21 @@ keep-alives, an in-band error once a stream has started)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from pflash.compressor import unwrap_remote_error
 from pflash.errors import PFlashError, runtime_failure
 from pflash.serving.validation import invalid_request_from
 
-# ---------------------------------------------------------------------- errors and SSE
+# Serve writes this logger to the replica's log, where a 5xx's request id finds its cause
+log = logging.getLogger("ray.serve")
+
+# ---------------------------------------------------------------------- errors
 
 
 class ErrorDetail(BaseModel):
@@ -67,6 +73,43 @@ def public_message(exc: BaseException) -> str:
     return known[3] if known else f"internal server error ({type(exc).__name__})"
 
 
+def error_envelope(
+    exc: BaseException, request_id: str
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, OpenAI error body, headers) of a request that failed with `exc`. A 5xx tells
+    the client only what failed (the stage, the runtime condition) and the request id; the
+    exception's own text, which can name actors, hosts and internals, goes to the log line
+    with that id. 502/503/504 say when to retry (`Retry-After`)."""
+    err = unwrap_remote_error(exc)
+    status, body = error_response(err)
+    headers = {}
+    if status >= 500:
+        message = body["error"]["message"]
+        body["error"]["message"] = f"{public_message(err)} (request id {request_id})"
+        log.error(
+            "request %s failed (%d): %s",
+            request_id,
+            status,
+            message,
+            exc_info=err if not isinstance(err, PFlashError) else None,
+        )
+    if status in (502, 503, 504):
+        headers["Retry-After"] = str(getattr(err, "retry_after_s", None) or 1)
+    return status, body, headers
+
+
+# ---------------------------------------------------------------------- SSE
+
+
+@dataclass(frozen=True)
+class StreamError:
+    """A failure after a stream's headers were sent: the status it would have had and its
+    OpenAI error body. It is the stream's last item; the API reports it in-band."""
+
+    status: int
+    body: dict[str, Any]
+
+
 SSE_DONE = "data: [DONE]\n\n"
 SSE_KEEPALIVE = ": keep-alive\n\n"
 
@@ -78,3 +121,32 @@ def sse_event(obj: BaseModel | Mapping[str, Any]) -> str:
     else:
         payload = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
     return f"data: {payload}\n\n"
+
+
+def named_event(name: str, payload: BaseModel | Mapping[str, Any]) -> str:
+    """One server-sent event with an `event:` line, as the Anthropic and Responses APIs
+    frame theirs (their SDKs dispatch on it)."""
+    if isinstance(payload, BaseModel):
+        data = payload.model_dump_json(exclude_none=True)
+    else:
+        data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return f"event: {name}\ndata: {data}\n\n"
+
+
+# what an OpenAI stream carries before framing: a keep-alive comment (`SSE_KEEPALIVE`), a
+# chunk, or, last, the error that ended it
+StreamItem = str | BaseModel | StreamError
+
+
+async def openai_frames(items: AsyncIterator[StreamItem]) -> AsyncIterator[str]:
+    """Chat completions' and completions' framing: each chunk a `data:` event, an error
+    in-band, then `[DONE]`."""
+    async for item in items:
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, StreamError):
+            yield sse_event(item.body)
+            break
+        else:
+            yield sse_event(item)
+    yield SSE_DONE

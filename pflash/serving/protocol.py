@@ -265,9 +265,9 @@ class ResponseMeta:
     created: int
 
     @classmethod
-    def new(cls, model: str, kind: Literal["chat", "completion"]) -> ResponseMeta:
-        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        return cls(prefix + uuid.uuid4().hex, model, int(time.time()))
+    def new(cls, model: str, id_prefix: str) -> ResponseMeta:
+        """A new response of `model`, its id `id_prefix` (the API's: "chatcmpl-") + hex."""
+        return cls(id_prefix + uuid.uuid4().hex, model, int(time.time()))
 
     def fields(self) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "created": self.created}

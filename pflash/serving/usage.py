@@ -4,6 +4,7 @@ APIs write the same numbers in their own terms."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -117,6 +118,15 @@ class PFlashStats(BaseModel):
     def uncompressed(cls, prompt_tokens: int) -> PFlashStats:
         """Stats of a request served as is: all `prompt_tokens` served, ratio 1."""
         return cls(compressed_tokens=prompt_tokens, served_ratio=1.0)
+
+
+def pflash_stats(stats: Mapping[str, Any]) -> PFlashStats:
+    """`usage.timings.pflash` of a compression's stats (`Compressed.stats`): the contract's
+    fields; the flow's other keys stay internal."""
+    fields = {k: v for k, v in stats.items() if k in PFlashStats.model_fields}
+    if isinstance(fields.get("view"), dict):
+        fields["view"] = ViewStats(**fields["view"])
+    return PFlashStats(**fields)
 
 
 class Timings(BaseModel):

@@ -624,7 +624,7 @@ def sse_payload(event: str) -> dict:
 
 
 def test_chat_response_parses_with_openai_types_and_keeps_timings():
-    meta = ResponseMeta.new("smollm2", "chat")
+    meta = ResponseMeta.new("smollm2", "chatcmpl-")
     usage = build_usage(20000, TIMINGS, compressed_stats())
     body = json.loads(chat_response(meta, "Paris.", "stop", usage).model_dump_json())
     parsed = openai.types.chat.ChatCompletion.model_validate(body)
@@ -638,7 +638,7 @@ def test_chat_response_parses_with_openai_types_and_keeps_timings():
 
 
 def test_pflash_prompt_appears_only_when_set():
-    meta = ResponseMeta.new("m", "chat")
+    meta = ResponseMeta.new("m", "chatcmpl-")
     usage = build_usage(5, TIMINGS)
     body = json.loads(
         chat_response(meta, "x", "stop", usage, pflash_prompt="<served>").model_dump_json()
@@ -650,7 +650,7 @@ def test_pflash_prompt_appears_only_when_set():
 
 def test_chat_tool_call_response_has_null_content():
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    meta = ResponseMeta.new("m", "chat")
+    meta = ResponseMeta.new("m", "chatcmpl-")
     body = json.loads(
         chat_response(
             meta, "", "tool_calls", build_usage(5, TIMINGS), tool_calls=[call]
@@ -663,7 +663,7 @@ def test_chat_tool_call_response_has_null_content():
 
 
 def test_chat_stream_chunks_parse_with_openai_chunk_type():
-    meta = ResponseMeta.new("m", "chat")
+    meta = ResponseMeta.new("m", "chatcmpl-")
     usage = build_usage(20000, TIMINGS, compressed_stats())
     events = [
         sse_event(chat_chunk(meta, role="assistant", content="")),
@@ -683,7 +683,7 @@ def test_chat_stream_chunks_parse_with_openai_chunk_type():
 
 
 def test_completion_stream_chunks_parse_with_openai_completion_type():
-    meta = ResponseMeta.new("m", "completion")
+    meta = ResponseMeta.new("m", "cmpl-")
     usage = build_usage(12, TIMINGS)
     content = sse_payload(sse_event(completion_chunk(meta, "Hel")))
     assert content == {

@@ -1,5 +1,6 @@
-"""The chat stream's own framing, now that the flow yields items and the edge frames them:
-chunks as `data:` events, keep-alives as they are, an error in-band, then `[DONE]`."""
+"""OpenAI's stream framing (chat completions, completions): the answer path yields items,
+the edge frames them: chunks as `data:` events, keep-alives as they are, an error in-band,
+then `[DONE]`."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ import asyncio
 import json
 
 from pflash.serving.chat_completion.serving import chat_chunk
-from pflash.serving.edge import StreamError, chat_frames
-from pflash.serving.envelope import SSE_DONE, SSE_KEEPALIVE, error_response
+from pflash.serving.envelope import (
+    SSE_DONE,
+    SSE_KEEPALIVE,
+    StreamError,
+    error_response,
+    openai_frames,
+)
 from pflash.serving.protocol import ResponseMeta
 
 META = ResponseMeta("chatcmpl-00ff", "pflash", 1_700_000_000)
@@ -20,7 +26,7 @@ def _frames(*items) -> list[str]:
             yield item
 
     async def collect():
-        return [frame async for frame in chat_frames(source())]
+        return [frame async for frame in openai_frames(source())]
 
     return asyncio.run(collect())
 

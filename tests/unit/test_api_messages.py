@@ -13,8 +13,7 @@ from pydantic import TypeAdapter
 from pflash.errors import InvalidRequest, ModelNotFound
 from pflash.models.target.protocol import GenerationTimings
 from pflash.serving.chat_completion.serving import chat_chunk, chat_response, chat_usage_chunk
-from pflash.serving.edge import StreamError
-from pflash.serving.envelope import SSE_KEEPALIVE, error_response
+from pflash.serving.envelope import SSE_KEEPALIVE, StreamError, error_response
 from pflash.serving.messages import models
 from pflash.serving.messages.translate import COUNT, EDGE
 from pflash.serving.models import listing

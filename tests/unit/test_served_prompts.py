@@ -23,7 +23,7 @@ them (SmolLM2's): the case now serves the tool block (1,313 prompt tokens, was 1
 conversation from its tool step on the earlier call as a `<tool_call>` block (+29 tokens);
 every other entry came out byte for byte.
 
-The requests go through exactly what the ingress runs, in process: `pflash.api` parsing,
+The requests go through exactly what the ingress runs, in process: `pflash.serving` parsing,
 `render_request`, `compression_request`, `Compressor.run` with the real embedded drafter,
 the real segment probe and an in-process view store (one per app variant, as the app has
 one SessionStore per application), in the recorded order. What is compared: the served
@@ -52,7 +52,7 @@ from pflash.config import build_config
 from pflash.serving.admission import request_params
 from pflash.serving.chat_completion.serving import parse_chat_request
 from pflash.serving.completion.serving import parse_completion_request
-from pflash.serving.usage import PFlashStats, ViewStats
+from pflash.serving.usage import pflash_stats
 
 pytestmark = pytest.mark.model
 
@@ -72,10 +72,7 @@ def _untimed(stats: dict) -> dict:
 
 def _stats(compressed) -> dict:
     """`usage.timings.pflash` as the ingress reports it, without the timed fields."""
-    fields = {k: v for k, v in compressed.stats.items() if k in PFlashStats.model_fields}
-    if isinstance(fields.get("view"), dict):
-        fields["view"] = ViewStats(**fields["view"])
-    dumped = PFlashStats(**fields).model_dump(mode="json")
+    dumped = pflash_stats(compressed.stats).model_dump(mode="json")
     return {k: v for k, v in dumped.items() if k not in TIMED}
 
 

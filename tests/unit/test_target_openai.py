@@ -138,7 +138,7 @@ def make_upstream() -> FastAPI:
         yield SSE_DONE
 
     async def pflash_chat_events():
-        meta = ResponseMeta.new("pflash", "chat")
+        meta = ResponseMeta.new("pflash", "chatcmpl-")
         yield sse_event(chat_chunk(meta, role="assistant", content=""))
         for word in WORDS:
             yield sse_event(chat_chunk(meta, content=word))

@@ -1,12 +1,14 @@
 """`/v1/chat/completions` served: the request parsed, the answer written as one
-`ChatCompletionResponse` or as `ChatCompletionChunk`s."""
+`ChatCompletionResponse` or as `ChatCompletionChunk`s (`ChatAnswer`), its hermes-format
+tool calls read as `tool_calls` (`serving.tool_calls`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pflash.models.target.protocol import FinishReason
+from pflash.models.target.protocol import FinishReason, GenerationDone
+from pflash.serving.answer import Call
 from pflash.serving.chat_completion.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -17,6 +19,7 @@ from pflash.serving.chat_completion.protocol import (
     ChatResponseMessage,
 )
 from pflash.serving.protocol import ResponseMeta
+from pflash.serving.tool_calls import ToolCallStream, split_tool_calls, tool_finish, with_index
 from pflash.serving.usage import Usage
 from pflash.serving.validation import parse_body
 
@@ -65,3 +68,50 @@ def chat_usage_chunk(
     return ChatCompletionChunk(
         **meta.fields(), choices=[], usage=usage, pflash_prompt=pflash_prompt
     )
+
+
+class ChatAnswer:
+    """The chat completion of one call (`answer.Answer`). The answer's text is read for
+    calls to the functions the request may call (none when `tool_call_parser` is "none");
+    while streaming, text from a possible `<tool_call>` on is held back until the answer
+    ends, so a call never reaches the client as content."""
+
+    kind = "chat"
+    id_prefix = "chatcmpl-"
+    parse = staticmethod(parse_chat_request)
+
+    def __init__(self, call: Call, prompt: str | None) -> None:
+        self.meta, self.prompt = call.meta, prompt
+        request: ChatCompletionRequest = call.request
+        parser_on = call.config.tool_call_parser != "none"
+        self.tools = request.callable_tools() if parser_on else frozenset()
+        self.held = ToolCallStream(self.tools)
+
+    def whole(self, text: str, done: GenerationDone, usage: Usage) -> ChatCompletionResponse:
+        content, calls = split_tool_calls(text, self.tools)
+        return chat_response(
+            self.meta,
+            content,
+            tool_finish(done.finish_reason, calls),
+            usage,
+            tool_calls=calls,
+            pflash_prompt=self.prompt,
+        )
+
+    def opening(self) -> list[ChatCompletionChunk]:
+        return [chat_chunk(self.meta, role="assistant", content="", pflash_prompt=self.prompt)]
+
+    def piece(self, text: str) -> list[ChatCompletionChunk]:
+        sendable = self.held.feed(text)
+        return [chat_chunk(self.meta, content=sendable)] if sendable else []
+
+    def closing(self, done: GenerationDone) -> list[ChatCompletionChunk]:
+        rest, calls = self.held.finish()
+        chunks = []
+        if rest or calls:
+            chunks.append(chat_chunk(self.meta, content=rest or None, tool_calls=with_index(calls)))
+        finish = tool_finish(done.finish_reason, calls)
+        return [*chunks, chat_chunk(self.meta, finish_reason=finish)]
+
+    def usage(self, usage: Usage) -> ChatCompletionChunk:
+        return chat_usage_chunk(self.meta, usage)

@@ -1,12 +1,13 @@
 """`/v1/completions` served: the request parsed, the answer written as one
-`CompletionResponse` or as chunks of the same shape."""
+`CompletionResponse` or as chunks of the same shape (`CompletionAnswer`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pflash.models.target.protocol import FinishReason
+from pflash.models.target.protocol import FinishReason, GenerationDone
+from pflash.serving.answer import Call
 from pflash.serving.completion.protocol import (
     CompletionChoice,
     CompletionRequest,
@@ -59,3 +60,33 @@ def completion_usage_chunk(
 ) -> CompletionResponse:
     """The `stream_options.include_usage` chunk: no choices, only usage."""
     return CompletionResponse(**meta.fields(), choices=[], usage=usage, pflash_prompt=pflash_prompt)
+
+
+class CompletionAnswer:
+    """The completion of one call (`answer.Answer`): the text as generated; the served
+    prompt, when asked for, rides on the last chunk."""
+
+    kind = "completion"
+    id_prefix = "cmpl-"
+    parse = staticmethod(parse_completion_request)
+
+    def __init__(self, call: Call, prompt: str | None) -> None:
+        self.meta, self.prompt = call.meta, prompt
+
+    def whole(self, text: str, done: GenerationDone, usage: Usage) -> CompletionResponse:
+        return completion_response(
+            self.meta, text, done.finish_reason, usage, pflash_prompt=self.prompt
+        )
+
+    def opening(self) -> list[CompletionResponse]:
+        return []
+
+    def piece(self, text: str) -> list[CompletionResponse]:
+        return [completion_chunk(self.meta, text)] if text else []
+
+    def closing(self, done: GenerationDone) -> list[CompletionResponse]:
+        finish = done.finish_reason
+        return [completion_chunk(self.meta, finish_reason=finish, pflash_prompt=self.prompt)]
+
+    def usage(self, usage: Usage) -> CompletionResponse:
+        return completion_usage_chunk(self.meta, usage)

@@ -37,14 +37,13 @@ from pflash.serving.chat_completion.protocol import (
 from pflash.serving.edge import (
     ChatStreamItem,
     Counted,
-    StreamError,
     client_session,
     generation_fields,
-    named_event,
     not_offered_header,
     pflash_header,
     to_chat,
 )
+from pflash.serving.envelope import StreamError, named_event
 from pflash.serving.messages.protocol import (
     NAMES,
     CountTokensRequest,

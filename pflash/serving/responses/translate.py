@@ -34,14 +34,13 @@ from pflash.serving.chat_completion.protocol import (
 from pflash.serving.edge import (
     ChatStreamItem,
     Counted,
-    StreamError,
     client_session,
     generation_fields,
-    named_event,
     not_offered_header,
     pflash_header,
     to_chat,
 )
+from pflash.serving.envelope import StreamError, named_event
 from pflash.serving.output_format import echo_text_format, text_format
 from pflash.serving.responses.protocol import (
     NAMES,
