@@ -188,29 +188,29 @@ def test_a_hung_target_is_cancelled_and_a_504_in_band():
     assert target.cancelled
 
 
-def test_the_stream_keeps_the_connection_alive_while_compressing():
+def test_the_stream_keeps_the_connection_alive_while_compressing(monkeypatch):
+    monkeypatch.setattr("pflash.serving.answer.KEEPALIVE_EVERY_S", 0.01)
     req = parse_chat_request({**CHAT, "stream": True})
 
     async def go():
         loop = asyncio.get_running_loop()
         compression = loop.create_future()
-        loop.call_later(0.05, compression.set_result, SERVED)
         call = Call(
             "req-1", req, ChatAnswer, build_config({}, env={}), req.sampling_params(),
             ResponseMeta.new("pflash", ChatAnswer.id_prefix), "key-a:c", 0.0,
             loop.time() + 60, compression,
         )  # fmt: skip
         answers = Answers(Target(answered("Hi")), lambda *a, **k: None, _no_feedback)
-        return [item async for item in answers.stream(call, keepalive=True)]
+        items = []
+        async for item in answers.stream(call, keepalive=True):
+            items.append(item)
+            if item == SSE_KEEPALIVE and len(items) == 2:  # compressed after two keep-alives
+                compression.set_result(SERVED)
+        return items
 
-    import pflash.serving.answer as answer_module
-
-    every, answer_module.KEEPALIVE_EVERY_S = answer_module.KEEPALIVE_EVERY_S, 0.01
-    try:
-        items = asyncio.run(go())
-    finally:
-        answer_module.KEEPALIVE_EVERY_S = every
-    assert items[0] == SSE_KEEPALIVE and not any(isinstance(i, StreamError) for i in items)
+    items = asyncio.run(go())
+    assert items[:2] == [SSE_KEEPALIVE, SSE_KEEPALIVE] and SSE_KEEPALIVE not in items[2:]
+    assert not any(isinstance(i, StreamError) for i in items)
     assert items[-1].choices[0].finish_reason == "stop"
 
 
