@@ -17,16 +17,13 @@ translated back (`pflash.serving.messages`, `pflash.serving.responses`).
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from deployments.metrics import ServeMetrics
@@ -42,7 +39,6 @@ from pflash.compressor import (
     tenant_of,
 )
 from pflash.config import PFlashConfig, ViewsConfig, build_config
-from pflash.errors import PFlashError
 from pflash.models.source import load_tokenizer
 from pflash.models.target.protocol import SamplingParams
 from pflash.serving.admission import TokenBound, check_prompt_bound, read_body, request_params
@@ -50,9 +46,9 @@ from pflash.serving.answer import Answer, Answers, Call
 from pflash.serving.chat_completion.serving import ChatAnswer
 from pflash.serving.completion.serving import CompletionAnswer
 from pflash.serving.edge import Counter, Edge
-from pflash.serving.envelope import error_envelope, openai_frames
+from pflash.serving.envelope import openai_frames
 from pflash.serving.messages import translate as messages_api
-from pflash.serving.messages.models import wants_anthropic
+from pflash.serving.middleware import install, request_id
 from pflash.serving.models import listing
 from pflash.serving.protocol import ResponseMeta
 from pflash.serving.readiness import RETRY_AFTER_S, ReadinessCache
@@ -83,17 +79,7 @@ def _http_host() -> str | None:
 app = FastAPI(
     title="PFlash", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False
 )
-
-
-def error_json(exc: BaseException, request_id: str, edge: Edge | None = None) -> JSONResponse:
-    """The error response; in the shape of `edge`'s API when the request came through one."""
-    status, body, headers = error_envelope(exc, request_id)
-    headers["x-request-id"] = request_id
-    if edge is not None:
-        body = edge.error(status, body)
-        if edge.id_header:
-            headers[edge.id_header] = request_id
-    return JSONResponse(body, status_code=status, headers=headers)
+install(app)  # request ids and error envelopes
 
 
 def _with_api_key(request: Request) -> Request:
@@ -107,31 +93,6 @@ def _with_api_key(request: Request) -> Request:
     bearer = ("Bearer " + key).encode("latin-1")
     scope["headers"] = [*request.scope["headers"], (b"authorization", bearer)]
     return Request(scope, request.receive)
-
-
-def _framework_error(status: int, message: str, code: str) -> JSONResponse:
-    """FastAPI's own 404/405 (and a body it could not read) in the OpenAI envelope."""
-    error_type = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
-    return JSONResponse(body, status_code=status)
-
-
-@app.exception_handler(StarletteHTTPException)
-async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    if exc.status_code == 404:
-        return _framework_error(404, f"no route {request.url.path}", "not_found")
-    if exc.status_code == 405:
-        return _framework_error(
-            405,
-            f"method {request.method} is not allowed on {request.url.path}",
-            "method_not_allowed",
-        )
-    return _framework_error(exc.status_code, str(exc.detail), "http_error")
-
-
-@app.exception_handler(RequestValidationError)
-async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return _framework_error(400, "the request could not be read", "invalid_request")
 
 
 class _DrafterHandle:
@@ -277,9 +238,10 @@ class Ingress:
             checks["probe"] = lambda: self._probe.params.remote()
         self.readiness = ReadinessCache(checks)
         try:  # sent as x-pflash-replica so an operator can follow a conversation's turns
-            self.replica = serve.get_replica_context().replica_id.unique_id
+            replica = serve.get_replica_context().replica_id.unique_id
         except Exception:
-            self.replica = "local"
+            replica = "local"
+        self._replica = {"x-pflash-replica": replica}
         freeze_startup_heap()
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -329,20 +291,15 @@ class Ingress:
     async def _models(self, request: Request, model_id: str | None) -> JSONResponse:
         """`listing`: OpenAI's shape, or Anthropic's for a client that sends
         `anthropic-version` (its errors too)."""
-        anthropic = wants_anthropic(request.headers)
-        try:
-            self._authorize(_with_api_key(request))
-            body = listing(
-                self.config.served_model_names,
-                model_id,
-                request.headers,
-                context=await self.compressor.max_context(),  # 503/504 if the target is down
-                max_prompt_tokens=self.config.max_prompt_tokens,
-                max_output_tokens=self.config.max_output_tokens,
-            )
-        except PFlashError as exc:  # 401, 404 model_not_found, the target's 503/504
-            rid = "req-" + uuid.uuid4().hex[:16]
-            return error_json(exc, rid, messages_api.EDGE if anthropic else None)
+        self._authorize(_with_api_key(request))
+        body = listing(
+            self.config.served_model_names,
+            model_id,
+            request.headers,
+            context=await self.compressor.max_context(),  # 503/504 if the target is down
+            max_prompt_tokens=self.config.max_prompt_tokens,
+            max_output_tokens=self.config.max_output_tokens,
+        )
         return JSONResponse(body)
 
     @app.post("/v1/chat/completions")
@@ -401,14 +358,6 @@ class Ingress:
         check_prompt_bound(req, answer.kind, self.token_bound, config.max_prompt_tokens)
         return exchange, req, config, params
 
-    def _headers(self, rid: str, edge: Edge | None) -> dict[str, str]:
-        """A served answer's headers: the replica, the request id (and under the edge API's
-        own name for it)."""
-        headers = {"x-pflash-replica": self.replica, "x-request-id": rid}
-        if edge is not None and edge.id_header:
-            headers[edge.id_header] = rid
-        return headers
-
     async def _read(self, request: Request) -> tuple[Tenant, bytes]:
         """The request's tenant and its body, within the body's size and time limits."""
         tenant = self._authorize(request)
@@ -451,15 +400,12 @@ class Ingress:
         chat flow would be given (the same render, the same encoding memo, so a count warms
         the request that follows it), accepted and refused as that request would be (a
         prompt over `max_prompt_tokens` is the same 400)."""
-        rid = "req-" + uuid.uuid4().hex[:16]
         try:
             *_, prompt = await self._accept(request, ChatAnswer, counter)
-        except Exception as exc:  # validation and rendering errors: 4xx before any model runs
+        except Exception:  # validation and rendering errors: 4xx before any model runs
             self.metrics.record("pflash_errors", stage="request")
-            return error_json(exc, rid, counter.edge)
-        return JSONResponse(
-            counter.answer(len(prompt.ids)), headers=self._headers(rid, counter.edge)
-        )
+            raise
+        return JSONResponse(counter.answer(len(prompt.ids)), headers=self._replica)
 
     async def _serve(self, request: Request, answer: type[Answer], edge: Edge | None = None):
         """auth → parse → render → compress → stream (or one response), within the
@@ -467,26 +413,22 @@ class Ingress:
         `edge` API's request runs as its chat request; its answer and errors are translated
         back (`pflash.serving.edge`)."""
         started = time.perf_counter()
-        rid = "req-" + uuid.uuid4().hex[:16]
         try:
             tenant, exchange, req, config, params, prompt = await self._accept(
                 request, answer, edge
             )
-        except Exception as exc:  # validation and rendering errors: 4xx before any model runs
+        except Exception:  # validation and rendering errors: 4xx before any model runs
             self.metrics.record("pflash_errors", stage="request")
-            return error_json(exc, rid, edge)
+            raise
         deadline = asyncio.get_running_loop().time() + config.request_timeout_s
         job = compression_request(req, prompt, config, tenant.id, params)
-        headers = {**self._headers(rid, edge), **(exchange.headers if exchange else {})}
+        headers = {**self._replica, **(exchange.headers if exchange else {})}
         for tool in exchange.not_offered if exchange else ():
             self.metrics.record("pflash_tools_not_offered", tool=tool)
-        try:  # planning raises the client's mistakes: a 4xx before any byte is sent
-            async with asyncio.timeout_at(deadline):
-                pending = await self.compressor.start(job)
-        except Exception as exc:
-            return error_json(exc, rid, edge)
+        async with asyncio.timeout_at(deadline):  # the client's mistakes: a 4xx before any byte
+            pending = await self.compressor.start(job)
         call = Call(
-            request_id=rid,
+            request_id=request_id(request),
             request=req,
             answer=answer,
             config=config,
@@ -510,9 +452,9 @@ class Ingress:
         try:
             async with asyncio.timeout_at(deadline):
                 await call.compression
-        except Exception as exc:
+        except Exception:
             call.compression.cancel()
-            return error_json(exc, rid, edge)
+            raise
         if req.stream:
             return stream(keepalive=False)
         try:
@@ -522,6 +464,6 @@ class Ingress:
                 return JSONResponse(response.model_dump(mode="json"), headers=headers)
             body, extra = exchange.respond(response)
             return JSONResponse(body, headers={**headers, **extra})
-        except Exception as exc:
+        except Exception:
             self.metrics.record("pflash_errors", stage="target")
-            return error_json(exc, rid, edge)
+            raise

@@ -18,30 +18,25 @@ from typing import Any
 
 from pflash.errors import InvalidRequest, PFlashError
 from pflash.models.target.protocol import SamplingParams
+from pflash.serving.envelope import http_error
 
 MAX_CONTENT_LENGTH_DIGITS = 20  # more digits than any body this server accepts
 
 
-def _client_error(status: int, message: str, code: str) -> PFlashError:
-    exc = PFlashError(message, param=None, code=code)
-    exc.http_status, exc.error_type = status, "invalid_request_error"
-    return exc
-
-
 def body_too_large(limit: int) -> PFlashError:
     message = f"request body exceeds {limit} bytes (max_body_bytes)"
-    return _client_error(413, message, "request_too_large")
+    return http_error(413, message, "request_too_large")
 
 
 def body_too_slow(seconds: float) -> PFlashError:
     message = f"the request body did not arrive within {seconds:g} s (body_read_timeout_s)"
-    return _client_error(408, message, "request_timeout")
+    return http_error(408, message, "request_timeout")
 
 
 def client_disconnected() -> PFlashError:
     """The client left before its body arrived: its own doing, so a 4xx (nobody reads it)
     and never a 500 counted against the server."""
-    return _client_error(400, "the client disconnected before the body arrived", "client_closed")
+    return http_error(400, "the client disconnected before the body arrived", "client_closed")
 
 
 async def read_body(

@@ -5,13 +5,14 @@ once, compresses, generates and reads tool calls exactly as `/v1/chat/completion
 An API other than chat completions is a translation in and out (`serving.messages`,
 `serving.responses`): it parses its own body into an `Exchange`, and the exchange
 turns the chat flow's answer (one `ChatCompletionResponse`, or the stream of
-`ChatStreamItem`s) into that API's body or events. Errors reach it as the OpenAI envelope
-(`envelope.error_response`, the one mapping) and leave in the API's own shape.
+`ChatStreamItem`s) into that API's body or events. Errors before a response starts are
+the middleware's (`serving.middleware`: the OpenAI envelope, or Anthropic's on the Messages
+routes); a stream's in-band error reaches the API as `StreamError` and leaves in its shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -35,38 +36,40 @@ NOT_OFFERED_HEADER = "x-pflash-tools-not-offered"
 ChatStreamItem = str | ChatCompletionChunk | StreamError
 
 
-class Exchange(Protocol):
-    """One request of an edge API, parsed: the chat request it runs as, and the way back;
-    `not_offered`: the tools it declared that the model was not offered (hosted tools);
-    `headers`: what every response to it carries (whole or streamed), which names them."""
+@dataclass(frozen=True)
+class Exchange:
+    """One request of an edge API, parsed: the chat request it runs as, and the way back.
+    `body` writes the API's whole response for the chat response, `events` its framed
+    server-sent events for the chat flow's stream; `not_offered`: the tools the request
+    declared and the model was not offered (hosted tools), which `headers` names on every
+    response to it (whole or streamed)."""
 
     chat: ChatCompletionRequest
-    not_offered: tuple[str, ...]
+    body: Callable[[ChatCompletionResponse], dict[str, Any]]
+    events: Callable[[AsyncIterator[ChatStreamItem]], AsyncIterator[str]]
+    not_offered: tuple[str, ...] = ()
 
     @property
-    def headers(self) -> dict[str, str]: ...
+    def headers(self) -> dict[str, str]:
+        return not_offered_header(self.not_offered)
 
     def respond(self, response: ChatCompletionResponse) -> tuple[dict[str, Any], dict[str, str]]:
         """(body, extra headers) of the API's whole response."""
+        return self.body(response), pflash_header(response)
 
     def stream(self, items: AsyncIterator[ChatStreamItem]) -> AsyncIterator[str]:
         """The API's server-sent events, framed, for the chat flow's stream."""
+        return self.events(items)
 
 
 class Edge(Protocol):
-    """An API served by translation. `id_header` names the header that carries the request
-    id in that API (besides `x-request-id`), or is None."""
-
-    id_header: str | None
+    """An API served by translation."""
 
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
     ) -> Exchange:
         """The request as an `Exchange`; `InvalidRequest` (a 400) naming the bad field.
         `headers`: the HTTP request's, where some clients name their session."""
-
-    def error(self, status: int, body: dict[str, Any]) -> dict[str, Any]:
-        """The OpenAI error body of a `status` response in this API's own shape."""
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,7 @@ class Counter(Protocol):
     """A token-counting endpoint of an edge API (`/v1/messages/count_tokens`,
     `/v1/responses/input_tokens`). Agent clients call it to decide when to compact their
     context; the count is the rendered prompt before compression, the same number the API's
-    usage reports for that conversation. `edge` shapes its errors and names its request-id
-    header."""
-
-    edge: Edge
+    usage reports for that conversation."""
 
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None

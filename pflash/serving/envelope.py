@@ -35,6 +35,16 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+def http_error(status: int, message: str, code: str, error_type: str | None = None) -> PFlashError:
+    """A failure of the edge's own that has no exception class: a body too large or too
+    slow, a missing key, no such route, not ready. `error_type` defaults to OpenAI's for
+    the status."""
+    exc = PFlashError(message, code=code)
+    exc.http_status = status
+    exc.error_type = error_type or ("invalid_request_error" if status < 500 else "server_error")
+    return exc
+
+
 def error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
     """The HTTP status and OpenAI error body for any exception. The only such mapping.
 

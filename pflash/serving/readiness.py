@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pflash.background import being_cancelled, detached
+from pflash.serving.envelope import error_response, http_error
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +64,9 @@ def readiness_answer(
     if checks and all(v == "ok" for v in checks.values()):
         return 200, {"status": "ready", "checks": checks}
     missing = [k for k, v in checks.items() if v != "ok"]
-    body = {
-        "error": {
-            "message": "not ready: " + (", ".join(missing) or "no deployment to check"),
-            "type": "service_unavailable",
-            "param": None,
-            "code": "not_ready",
-        },
-        "checks": checks,
-    }
-    return 503, body
+    message = "not ready: " + (", ".join(missing) or "no deployment to check")
+    status, body = error_response(http_error(503, message, "not_ready", "service_unavailable"))
+    return status, {**body, "checks": checks}
 
 
 async def _awaited(call: Any) -> Any:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from pflash.config import SecurityConfig
 from pflash.errors import ConfigError, InvalidRequest, PFlashError
+from pflash.serving.envelope import http_error
 from pflash.serving.usage import Usage, ViewStats
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -160,9 +161,7 @@ def client_address(
 
 
 def _unauthorized(message: str) -> PFlashError:
-    exc = PFlashError(message, code="invalid_api_key")
-    exc.http_status, exc.error_type = 401, "authentication_error"
-    return exc
+    return http_error(401, message, "invalid_api_key", "authentication_error")
 
 
 def tenant_for(

@@ -15,7 +15,7 @@ from pflash.models.target.protocol import GenerationTimings
 from pflash.serving.chat_completion.serving import chat_chunk, chat_response, chat_usage_chunk
 from pflash.serving.envelope import SSE_KEEPALIVE, StreamError, error_response
 from pflash.serving.messages import models
-from pflash.serving.messages.translate import COUNT, EDGE
+from pflash.serving.messages.translate import COUNT, EDGE, error_body
 from pflash.serving.models import listing
 from pflash.serving.protocol import ResponseMeta
 from pflash.serving.tool_calls import with_index
@@ -152,9 +152,8 @@ def test_a_bad_count_is_a_400_in_anthropics_shape(body, param):
     with pytest.raises(InvalidRequest) as err:
         COUNT.parse({"model": "pflash", **body})
     assert (err.value.http_status, err.value.param) == (400, param)
-    shaped = COUNT.edge.error(*error_response(err.value))
+    shaped = error_body(*error_response(err.value))
     assert shaped["type"] == "error" and shaped["error"]["type"] == "invalid_request_error"
-    assert COUNT.edge.id_header == "request-id"
 
 
 def test_the_served_models_read_as_anthropics_model_list():
@@ -350,7 +349,7 @@ def test_arguments_that_are_not_an_object_are_kept_whole():
 def test_errors_take_anthropics_shape(exc, status, kind):
     code, body = error_response(exc)
     assert code == status
-    shaped = EDGE.error(code, body)
+    shaped = error_body(code, body)
     assert shaped == {"type": "error", "error": {"type": kind, "message": body["error"]["message"]}}
 
 

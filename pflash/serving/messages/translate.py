@@ -37,10 +37,9 @@ from pflash.serving.chat_completion.protocol import (
 from pflash.serving.edge import (
     ChatStreamItem,
     Counted,
+    Exchange,
     client_session,
     generation_fields,
-    not_offered_header,
-    pflash_header,
     to_chat,
 )
 from pflash.serving.envelope import StreamError, named_event
@@ -467,41 +466,16 @@ async def message_events(items: AsyncIterator[ChatStreamItem]) -> AsyncIterator[
 # ---------------------------------------------------------------------- the edge
 
 
-@dataclass(frozen=True)
-class MessagesExchange:
-    """One `/v1/messages` request: the Anthropic request and the chat request it runs as;
-    `not_offered`: the declared tools the model was not offered (`headers` names them)."""
-
-    source: MessagesRequest
-    chat: ChatCompletionRequest
-    not_offered: tuple[str, ...] = ()
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return not_offered_header(self.not_offered)
-
-    def respond(self, response: ChatCompletionResponse) -> tuple[dict[str, Any], dict[str, str]]:
-        return message_body(response), pflash_header(response)
-
-    def stream(self, items: AsyncIterator[ChatStreamItem]) -> AsyncIterator[str]:
-        return message_events(items)
-
-
-@dataclass(frozen=True)
 class MessagesEdge:
-    """`/v1/messages` at the edge; Anthropic clients read the request id from `request-id`."""
-
-    id_header: str | None = "request-id"
+    """`/v1/messages` at the edge."""
 
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
-    ) -> MessagesExchange:
+    ) -> Exchange:
         source = parse_messages_request(body)
         _, not_offered = offered_tools(source)
-        return MessagesExchange(source, chat_request(source, headers), tuple(not_offered))
-
-    def error(self, status: int, body: dict[str, Any]) -> dict[str, Any]:
-        return error_body(status, body)
+        chat = chat_request(source, headers)
+        return Exchange(chat, message_body, message_events, tuple(not_offered))
 
 
 EDGE = MessagesEdge()
@@ -513,8 +487,6 @@ class MessagesCounter:
     with this conversation renders to, before compression (`input_tokens` +
     `cache_read_input_tokens` of its usage). Claude Code and other Anthropic clients call it
     to manage their context; errors and the request id as `/v1/messages`."""
-
-    edge: MessagesEdge = EDGE
 
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from pflash.errors import InvalidRequest
@@ -34,10 +35,9 @@ from pflash.serving.chat_completion.protocol import (
 from pflash.serving.edge import (
     ChatStreamItem,
     Counted,
+    Exchange,
     client_session,
     generation_fields,
-    not_offered_header,
-    pflash_header,
     to_chat,
 )
 from pflash.serving.envelope import StreamError, named_event
@@ -574,41 +574,19 @@ async def response_events(
 # ---------------------------------------------------------------------- the edge
 
 
-@dataclass(frozen=True)
-class ResponsesExchange:
-    """One `/v1/responses` request: the Responses request and the chat request it runs as;
-    `not_offered`: the declared tools the model was not offered (`headers` names them)."""
-
-    source: ResponsesRequest
-    chat: ChatCompletionRequest
-    not_offered: tuple[str, ...] = ()
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return not_offered_header(self.not_offered)
-
-    def respond(self, response: ChatCompletionResponse) -> tuple[dict[str, Any], dict[str, str]]:
-        return response_body(self.source, response), pflash_header(response)
-
-    def stream(self, items: AsyncIterator[ChatStreamItem]) -> AsyncIterator[str]:
-        return response_events(self.source, items)
-
-
-@dataclass(frozen=True)
 class ResponsesEdge:
     """`/v1/responses` at the edge; errors keep the OpenAI envelope, the API's own."""
 
-    id_header: str | None = None
-
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
-    ) -> ResponsesExchange:
+    ) -> Exchange:
         source = parse_responses_request(body)
-        not_offered = list(tool_table(source).not_offered)
-        return ResponsesExchange(source, chat_request(source, headers), tuple(not_offered))
-
-    def error(self, status: int, body: dict[str, Any]) -> dict[str, Any]:
-        return body
+        return Exchange(
+            chat_request(source, headers),
+            partial(response_body, source),
+            partial(response_events, source),
+            tool_table(source).not_offered,
+        )
 
 
 EDGE = ResponsesEdge()
@@ -619,8 +597,6 @@ class ResponsesCounter:
     """`/v1/responses/input_tokens`: `{"object": "response.input_tokens", "input_tokens": n}`,
     n the prompt a Responses request with this input renders to, before compression (its
     usage's `input_tokens`). Errors in the OpenAI envelope, as `/v1/responses`."""
-
-    edge: ResponsesEdge = EDGE
 
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
