@@ -20,14 +20,13 @@ from ray.serve.config import DeploymentActorConfig
 from deployments.drafter import DrafterScorerDeployment
 from deployments.ingress import Ingress
 from deployments.probe import SegmentProbeDeployment
-from deployments.session_store import STORE_NAME, SessionStoreActor
+from deployments.session_store import STORE_NAME, SessionStoreActor, views_part
 from deployments.target import TargetModelDeployment
 from pflash.config import (
     DrafterScorerPart,
     PFlashConfig,
     ScoringConfig,
     TargetModelPart,
-    ViewsConfig,
     build_config,
 )
 from pflash.config.artefacts import resolve_artefact
@@ -53,7 +52,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     store = DeploymentActorConfig(
         name=STORE_NAME,
         actor_class=SessionStoreActor,
-        init_kwargs={"config": part_args(config, ViewsConfig)},
+        init_kwargs={"config": views_part(config)},
         actor_options={"num_cpus": 0},
     )
     data = config.model_dump(mode="json", exclude_defaults=True)

@@ -63,7 +63,10 @@ class Exchange:
 
 
 class Edge(Protocol):
-    """An API served by translation."""
+    """An API served by translation. `api_key_header`: where its clients send a bare API
+    key (Anthropic's `x-api-key`), or None."""
+
+    api_key_header: str | None
 
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
@@ -84,7 +87,9 @@ class Counter(Protocol):
     """A token-counting endpoint of an edge API (`/v1/messages/count_tokens`,
     `/v1/responses/input_tokens`). Agent clients call it to decide when to compact their
     context; the count is the rendered prompt before compression, the same number the API's
-    usage reports for that conversation."""
+    usage reports for that conversation. `api_key_header` as its API's `Edge`."""
+
+    api_key_header: str | None
 
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None

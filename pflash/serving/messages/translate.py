@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pflash.errors import InvalidRequest
@@ -65,6 +64,8 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 # what a tool result's unreadable parts become: the model learns something was there
 IMAGE_LEFT_OUT = "[image left out: this server reads text only]"
 DOCUMENT_LEFT_OUT = "[document left out: this server reads plain-text documents only]"
+# Anthropic clients send their API key bare in this header (the tenant check reads it)
+API_KEY_HEADER = "x-api-key"
 # Claude Code names its session in this header too (and inside metadata.user_id)
 SESSION_HEADER = "x-claude-code-session-id"
 MAX_USER_ID_CHARS = 1024  # metadata.user_id is parsed for a session id only this long
@@ -469,6 +470,8 @@ async def message_events(items: AsyncIterator[ChatStreamItem]) -> AsyncIterator[
 class MessagesEdge:
     """`/v1/messages` at the edge."""
 
+    api_key_header = API_KEY_HEADER
+
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
     ) -> Exchange:
@@ -481,12 +484,13 @@ class MessagesEdge:
 EDGE = MessagesEdge()
 
 
-@dataclass(frozen=True)
 class MessagesCounter:
     """`/v1/messages/count_tokens`: `{"input_tokens": n}`, n the prompt a Messages request
     with this conversation renders to, before compression (`input_tokens` +
     `cache_read_input_tokens` of its usage). Claude Code and other Anthropic clients call it
     to manage their context; errors and the request id as `/v1/messages`."""
+
+    api_key_header = API_KEY_HEADER
 
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None

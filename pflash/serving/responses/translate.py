@@ -577,6 +577,8 @@ async def response_events(
 class ResponsesEdge:
     """`/v1/responses` at the edge; errors keep the OpenAI envelope, the API's own."""
 
+    api_key_header = None
+
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
     ) -> Exchange:
@@ -592,11 +594,12 @@ class ResponsesEdge:
 EDGE = ResponsesEdge()
 
 
-@dataclass(frozen=True)
 class ResponsesCounter:
     """`/v1/responses/input_tokens`: `{"object": "response.input_tokens", "input_tokens": n}`,
     n the prompt a Responses request with this input renders to, before compression (its
     usage's `input_tokens`). Errors in the OpenAI envelope, as `/v1/responses`."""
+
+    api_key_header = None
 
     def parse(
         self, body: bytes | str | Mapping[str, Any], headers: Mapping[str, str] | None = None
