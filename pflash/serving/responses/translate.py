@@ -4,9 +4,9 @@ Pure functions over parsed models; errors stay in the OpenAI envelope, as the AP
 In: `instructions` is the system message; a `message` item a message of its role (its text
 parts joined by newlines); `function_call` and `custom_tool_call` items are tool calls of
 the assistant message before them (or of a new one); their outputs are tool messages;
-`reasoning` items are dropped. Tools become chat functions (`ToolTable`): a function as it
-is, a namespace's functions under `<namespace>__<name>`, a custom tool as a function of
-one string `input` (its grammar in its description); hosted tools are not offered.
+`reasoning` items are dropped. Tools become chat functions (`tools.ToolTable`): a function
+as it is, a namespace's functions under `<namespace>__<name>`, a custom tool as a function
+of one string `input` (its grammar in its description); hosted tools are not offered.
 `max_output_tokens` is `max_tokens`; `prompt_cache_key` (else Codex's `session-id` header)
 names the client's session.
 
@@ -45,109 +45,22 @@ from pflash.serving.output_format import echo_text_format, text_format
 from pflash.serving.responses.protocol import (
     NAMES,
     AllowedToolsChoice,
-    CustomTool,
     CustomToolCallItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionChoice,
-    FunctionTool,
-    HostedTool,
     InputTokensRequest,
-    NamespaceTool,
     ReasoningItem,
     ResponsesRequest,
     TextPart,
 )
+from pflash.serving.responses.tools import ToolTable, call_item, chat_name, tool_table
 from pflash.serving.usage import Usage
 from pflash.serving.validation import parse_body
 
-# a namespaced function's name as the model sees it: <namespace>__<name>
-NAMESPACE_SEPARATOR = "__"
 # Codex names its session in this header too (and in `prompt_cache_key`)
 SESSION_HEADER = "session-id"
 FILE_LEFT_OUT = "[{kind} left out: this server reads text only]"
-CUSTOM_INPUT = {
-    "type": "object",
-    "properties": {"input": {"type": "string", "description": "The tool's whole input."}},
-    "required": ["input"],
-    "additionalProperties": False,
-}
-
-
-@dataclass(frozen=True)
-class ToolRef:
-    """What a chat function stands for in the client's terms: a `function` (in
-    `namespace`, or none) or a `custom` tool, called `name`."""
-
-    kind: str
-    name: str
-    namespace: str | None = None
-
-
-@dataclass(frozen=True)
-class ToolTable:
-    """The request's tools as the chat flow offers them: `functions` (chat tool
-    definitions), `refs` (each chat function's name → what the client declared), and
-    `not_offered` (the hosted tools' types)."""
-
-    functions: tuple[dict[str, Any], ...] = ()
-    refs: Mapping[str, ToolRef] = field(default_factory=dict)
-    not_offered: tuple[str, ...] = ()
-
-    def ref(self, chat_name: str) -> ToolRef:
-        return self.refs.get(chat_name) or ToolRef("function", chat_name)
-
-
-def _function(name: str, tool: FunctionTool | CustomTool, context: str | None) -> dict:
-    """A client tool as a chat function definition named `name`; `context`: the namespace's
-    description, which precedes the tool's own."""
-    if isinstance(tool, FunctionTool):
-        spec = tool.model_dump(exclude={"type", "name"}, exclude_none=True)
-    else:
-        spec = {"parameters": CUSTOM_INPUT}
-        if tool.description is not None:
-            spec["description"] = tool.description
-        fmt = tool.format
-        if fmt is not None and fmt.type == "grammar" and fmt.definition:
-            grammar = f"Write `input` in this {fmt.syntax or 'grammar'} grammar:\n{fmt.definition}"
-            spec["description"] = "\n\n".join(filter(None, [spec.get("description"), grammar]))
-    if context:
-        spec["description"] = "\n\n".join(filter(None, [context, spec.get("description")]))
-    return {"name": name, **spec}
-
-
-def tool_table(req: InputTokensRequest) -> ToolTable:
-    """The request's tools flattened for the chat flow (see the module docstring); two
-    tools that would share a chat name are a 400."""
-    functions: list[dict[str, Any]] = []
-    refs: dict[str, ToolRef] = {}
-    not_offered: list[str] = []
-
-    def add(name: str, tool: FunctionTool | CustomTool, namespace: str | None, context) -> None:
-        if name in refs:
-            raise InvalidRequest(
-                f"tools: two tools are named {name!r} (a namespace's functions are offered "
-                f"as <namespace>{NAMESPACE_SEPARATOR}<name>)",
-                param="tools",
-                code="invalid_value",
-            )
-        refs[name] = ToolRef(tool.type, tool.name, namespace)
-        functions.append(_function(name, tool, context))
-
-    for tool in req.tools or ():
-        if isinstance(tool, HostedTool):
-            not_offered.append(tool.type)
-        elif isinstance(tool, NamespaceTool):
-            for inner in tool.tools:
-                qualified = f"{tool.name}{NAMESPACE_SEPARATOR}{inner.name}"
-                add(qualified, inner, tool.name, tool.description)
-        else:
-            add(tool.name, tool, None, None)
-    return ToolTable(tuple(functions), refs, tuple(not_offered))
-
-
-def _chat_name(name: str, namespace: str | None) -> str:
-    return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
 
 
 # ---------------------------------------------------------------------- request in
@@ -176,7 +89,7 @@ def chat_messages(req: InputTokensRequest) -> list[dict[str, Any]]:
             continue
         if isinstance(item, FunctionCallItem | CustomToolCallItem):
             if isinstance(item, FunctionCallItem):
-                name, arguments = _chat_name(item.name, item.namespace), item.arguments
+                name, arguments = chat_name(item.name, item.namespace), item.arguments
             else:
                 name, arguments = item.name, json.dumps({"input": item.input}, ensure_ascii=False)
             call = {
@@ -295,51 +208,6 @@ def message_item(chat_id: str, text: str, status: str) -> dict[str, Any]:
         "role": "assistant",
         "content": [part] if status == "completed" else [],
     }
-
-
-def custom_input(arguments: str) -> str:
-    """A custom tool's `input` from the chat call's arguments: the `input` string the model
-    wrote, or the arguments whole when they are not that object."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return arguments
-    if isinstance(value, dict) and isinstance(value.get("input"), str):
-        return value["input"]
-    return arguments
-
-
-def call_item(
-    call: dict[str, Any], status: str, table: ToolTable, arguments: str | None = None
-) -> dict[str, Any]:
-    """A chat tool call as the item its tool's kind answers with (`call_id` is the chat
-    call's id): a `function_call` (with `namespace` for a namespaced function) or a
-    `custom_tool_call` with the `input` text. `arguments` overrides the call's (the empty
-    start of a streamed item)."""
-    function = call["function"]
-    ref = table.ref(function["name"])
-    suffix = call["id"].split("_", 1)[-1]
-    whole = function["arguments"] if arguments is None else arguments
-    if ref.kind == "custom":
-        return {
-            "type": "custom_tool_call",
-            "id": "ctc_" + suffix,
-            "call_id": call["id"],
-            "name": ref.name,
-            "input": custom_input(whole) if arguments is None else arguments,
-            "status": status,
-        }
-    item = {
-        "type": "function_call",
-        "id": "fc_" + suffix,
-        "call_id": call["id"],
-        "name": ref.name,
-        "arguments": whole,
-        "status": status,
-    }
-    if ref.namespace is not None:
-        item["namespace"] = ref.namespace
-    return item
 
 
 def response_object(
