@@ -1,4 +1,4 @@
-"""Ray Serve metric objects for the definitions in pflash/metrics.py (one per process)."""
+"""Ray Serve metric objects for the definitions in pflash/serving/metrics.py (one per process)."""
 
 from __future__ import annotations
 

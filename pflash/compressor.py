@@ -18,7 +18,7 @@ so a client mistake is a 4xx, never an in-band error after a 200.
   store there are no views (every request is a fresh compression) and no adaptive keep.
 - `max_context`: the target's context in tokens (an int, or an async callable asked once:
   concurrent first requests share that one call, see `Once`).
-- `record(name, value=1.0, **tags)`: metrics (pflash/metrics.py names); a no-op by default.
+- `record(name, value=1.0, **tags)`: metrics (pflash/serving/metrics.py names); a no-op by default.
 - `offload(fn, *args, **kwargs)`: where the pure CPU steps (plan, select, view decision)
   run. The ingress passes `asyncio.to_thread` so its event loop keeps serving; in-process
   callers run them inline.

@@ -40,7 +40,7 @@ LONG_TEXT = Path("/usr/share/common-licenses/GPL-3")
 
 # Declared pflash counters that these requests cannot fire: the current app does not
 # record view decisions yet (no multi-turn view code in deployments/). They are allowed
-# to be missing from the running app only because they are declared in pflash/metrics.py;
+# to be missing from the running app only because they are declared in pflash/serving/metrics.py;
 # every other dashboard series must be present.
 NOT_FIRED_HERE = frozenset(
     {

@@ -253,7 +253,7 @@ def load_dashboard() -> dict:
 
 
 def pflash_exported_names() -> set[str]:
-    """Series names Ray exports for pflash/metrics.py (histograms as _bucket/_sum/_count)."""
+    """Series names Ray exports for pflash/serving/metrics.py (histograms as _bucket/_sum/_count)."""
     from pflash.serving.metrics import METRICS
 
     names: set[str] = set()

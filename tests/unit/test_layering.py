@@ -5,6 +5,8 @@
   installed distribution;
 - nothing under `pflash/` imports Ray or the deployments: decisions stay testable without a
   cluster, and `deployments/` only carries;
+- the edge (`pflash/serving/`) sits below the deployments and above the library: the CLI
+  may import it, nothing else under `pflash/` does;
 - no import cycle among the modules of `pflash/`, `deployments/` and `pflash_lab/`, lazy
   imports included (a cycle hidden in a function is still two modules that need each other);
 - a product module over ~600 lines says why at its top;
@@ -133,6 +135,19 @@ def test_the_library_imports_neither_ray_nor_the_deployments():
         for path in _files("pflash")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_only_the_layers_above_the_edge_import_it():
+    above = ("pflash.serving", "pflash.cli")
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(
+            n for n in _imports(path) if _within(n, "pflash.serving")
+        )
+        for path in _files("pflash")
+        if not any(_within(_module_name(path), layer) for layer in above)
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+    assert "pflash.compressor" in import_graph()["pflash.serving.gateway"]
 
 
 def test_no_import_cycle_in_the_repository():

@@ -3,7 +3,7 @@
 The upstream is a small FastAPI app on 127.0.0.1 (a free port, uvicorn in a thread). Its
 behaviour is chosen by the request's `model`: "vllm" (plain OpenAI chunks with usage),
 "llamacpp" (llama.cpp `timings` in the last chunk), "pflash" (chunks built with our own
-pflash.api builders, as a PFlash gateway upstream would send), "boom" (HTTP 500),
+pflash.serving builders, as a PFlash gateway upstream would send), "boom" (HTTP 500),
 "slow" (answers after 2 s), "broken" (an error event mid-stream), and the error statuses
 of `FAILURES` (vLLM's 400, a 422, 429/503 with and without Retry-After, 401, 404, 504).
 """
