@@ -35,7 +35,7 @@ from pflash.models.target.protocol import SamplingParams
 from pflash.serving.admission import TokenBound, check_prompt_bound, read_body, request_params
 from pflash.serving.answer import Answer, Answers, Call, Generate, Record
 from pflash.serving.chat_completion.serving import ChatAnswer
-from pflash.serving.edge import Counter, Edge, Exchange
+from pflash.serving.edge import Counted, Counter, Edge, Exchange
 from pflash.serving.envelope import openai_frames
 from pflash.serving.messages.translate import API_KEY_HEADER
 from pflash.serving.middleware import request_id
@@ -50,13 +50,13 @@ PARSE_INLINE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop 
 
 @dataclass(frozen=True)
 class Admitted:
-    """A request that passed admission: its `tenant`, the edge API's `exchange` (None for
-    chat completions and completions), the `request` the flow runs, its `config` (the
-    request's overrides applied), the sampling `params` the target gets and the rendered
-    `prompt`."""
+    """A request that passed admission: its `tenant`, the edge API's parsed request
+    (`exchange`: an `Exchange`, a `Counted` for a token count, None for chat completions and
+    completions), the `request` the flow runs, its `config` (the request's overrides
+    applied), the sampling `params` the target gets and the rendered `prompt`."""
 
     tenant: Tenant
-    exchange: Exchange | None
+    exchange: Exchange | Counted | None
     request: GenerationRequest
     config: PFlashConfig
     params: SamplingParams
@@ -200,11 +200,11 @@ class Gateway:
         runs."""
         tenant = self.authorize(request, edge.api_key_header if edge is not None else None)
         trace_tenant(tenant.id)  # this request's task: its trace lines name it
-        config = self.config
+        limits = self.config
         body = await read_body(
             request.stream(),
-            limit=config.max_body_bytes,
-            timeout_s=config.body_read_timeout_s,
+            limit=limits.max_body_bytes,
+            timeout_s=limits.body_read_timeout_s,
             declared=request.headers.get("content-length"),
             disconnect=(ClientDisconnect,),
         )
@@ -232,7 +232,7 @@ class Gateway:
         answer: type[Answer],
         edge: Edge | Counter | None,
         headers: Mapping[str, str],
-    ) -> tuple[Exchange | None, GenerationRequest, PFlashConfig, SamplingParams]:
+    ) -> tuple[Exchange | Counted | None, GenerationRequest, PFlashConfig, SamplingParams]:
         """Parse and validate the body (an `edge` API's as its chat request; `headers`, where
         agent clients name their session), apply the request's overrides and the output
         cap, and refuse a prompt certain to exceed `max_prompt_tokens` before it is
