@@ -3,11 +3,11 @@
 one `OutputFormat` a target is asked for; an edge API puts its format on the chat request as
 that value's `response_format()`.
 
-A format constrains decoding, which only a target that constrains its sampler can honour:
-vLLM behind the `openai` and `ray_llm` backends compiles the schema into a grammar. The
-in-process transformers target cannot, so a request asking for one is a 400 there (answering
-free text to a client that will parse JSON fails later, and less clearly). Compression does
-not change: the format shapes the answer, not which context is kept.
+A format constrains decoding: vLLM behind the `openai` and `ray_llm` backends compiles the
+schema into a grammar, and the in-process transformers target masks its sampler with one
+(`models/target/constrained.py`). A backend that could not would have to refuse it (a 400
+naming the API's field) rather than answer free text a client fails to parse later.
+Compression does not change: the format shapes the answer, not which context is kept.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pflash.models.target.protocol import OutputFormat
 MAX_SCHEMA_CHARS = 65_536
 # OpenAI's rule for a format's name, which vLLM and the SDKs follow
 SCHEMA_NAME = r"^[A-Za-z0-9_-]{1,64}$"
-CONSTRAINING_BACKENDS = frozenset({"openai", "ray_llm"})
+CONSTRAINING_BACKENDS = frozenset({"transformers", "openai", "ray_llm"})
 
 _CONFIG = ConfigDict(strict=True, extra="ignore")
 
