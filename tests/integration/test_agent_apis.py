@@ -586,9 +586,9 @@ def test_bad_responses_requests_are_4xx_in_the_openai_envelope(server):
     _openai_errors(url, cases)
 
 
-PLACE = {
+PLACE = {  # a bounded string: the grammar closes the object within max_tokens
     "type": "object",
-    "properties": {"city": {"type": "string"}},
+    "properties": {"city": {"type": "string", "maxLength": 30}},
     "required": ["city"],
     "additionalProperties": False,
 }
