@@ -579,11 +579,15 @@ def test_bad_responses_requests_are_4xx_in_the_openai_envelope(server):
     cases = [
         ({"input": "Hi", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"input": [{"type": "input_image_call"}]}, "input[0]"),
-        ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "Hi", "tools": [{"type": "namespace", "name": "n"}]}, "tools[0].tools"),
         ({"input": "Hi", "pflash_mode": "sometimes"}, "pflash_mode"),
         ({"input": "Hi", "max_output_tokens": "5"}, "max_output_tokens"),
     ]
     _openai_errors(url, cases)
+    # a hosted tool is not a 400: it is not offered to the model, and the answer says so
+    hosted = {"input": "Hi", "max_output_tokens": 2, "tools": [{"type": "web_search"}]}
+    r = httpx.post(url, json=hosted, headers=AUTH, timeout=60)
+    assert r.status_code == 200 and r.headers["x-pflash-tools-not-offered"] == "web_search"
 
 
 PLACE = {  # a bounded string: the grammar closes the object within max_tokens
