@@ -25,7 +25,9 @@ would need the others' private word tables.
 4. Anchors: a context unit holding a rare query word, or a query word n-gram (>= 2 words,
    one of them not a stopword), that occurs in at most `ANCHOR_MAX_UNITS` units (and in at
    most `COMMON_SHARE` of them). Scored by the IDF of the distinct query words it holds plus
-   a bonus for the longest shared n-gram. An indented hit also anchors its header line (the
+   a bonus for the longest shared n-gram. The question names it (`AnchoredUnit.named`) when
+   it shares a key (a word that names something, in at most `rare_max_freq` units), a
+   phrase of 3+ words or a quote. An indented hit also anchors its header line (the
    `def` above a docstring line), scored just below it.
    A unit that only shares a longer phrase with the question (>= 3 words, two of them
    content words) that many units repeat - the log lines a counting question is about -
@@ -40,8 +42,9 @@ would need the others' private word tables.
    most `rare_max_freq` units; a single word only when it names something - digits, an
    underscore, a capital inside it or not opening a sentence: `key_words`), rare words of anchored units (at most `rare_max_freq`
    occurrences in the context, not query words) anchor the other units holding them, one
-   hop per round, each hop scoring `HOP_DECAY` of its parent; a round that would push the
-   anchored tokens over `cap_tokens` is reverted and ends the cascade.
+   hop per round, each hop scoring `HOP_DECAY` of its parent; a unit whose rare words lead
+   to more than `MAX_FANOUT` new units passes nothing on (a chain, not prose); a round that
+   would push the anchored tokens over `cap_tokens` is reverted and ends the cascade.
 
 Pure: `re` and the standard library; nothing here knows about budgets beyond the cap.
 """
@@ -76,6 +79,7 @@ PHRASE_SCORE = 1e-3  # per phrase word: phrase units rank after every key anchor
 REPEAT_BONUS = 0.5  # phrase units repeated word for word rank first in their tier (< 1 word)
 QUOTE_SCORE = float(MAX_NGRAM)  # a quoted string outranks any shared n-gram's bonus
 HOP_DECAY = 0.9  # cascade: a unit reached in hop k scores 0.9^k of its parent
+MAX_FANOUT = 1  # cascade: a unit whose rare words reach more new units is no chain link
 HEADER_GAP = 1e-3  # a header scores this much below its hit, so it is promoted right after
 
 STOPWORDS = frozenset(
@@ -375,9 +379,11 @@ class AnchoredUnit:
     (IDF of the shared query words + n-gram bonus, decayed per cascade hop). `hop`: 0 for a
     direct anchor, k for the k-th cascade round. `reason`: "anchor", "cascade" or "header".
     `named`: the question names this text - it shares a word that names something
-    (`names_something`), a phrase of >= `PHRASE_MIN_WORDS` words or a string it quotes, or a
-    cascade or header reached from such text; False for a unit that only shares plain words ("month",
-    "sites"), which passage evidence ranks better (`promotion_order`)."""
+    (`names_something`) and that at most `rare_max_freq` units hold, a phrase of >=
+    `PHRASE_MIN_WORDS` words or a string it quotes, or a cascade or header reached from such
+    text; False for a unit that only shares plain words ("month", "sites") or a name many
+    units repeat ("London" in articles about pubs), which passage evidence ranks better
+    (`promotion_order`)."""
 
     span: Span
     score: float
@@ -710,7 +716,14 @@ def _anchor_scores(
     only these seed the cascade). Why the word must name something: in a short context a
     plain word is rare by chance - "sites" in the question met "site.py" in a docstring,
     and the cascade followed "package" through seventeen docstring lines that filled the
-    budget (aggregation at 2K, docs/BENCHMARK_NOTEBOOK.md)."""
+    budget (aggregation at 2K, docs/BENCHMARK_NOTEBOOK.md).
+
+    A unit is named by such a key, by a shared phrase of >= `PHRASE_MIN_WORDS` words, or
+    (`_anchor_quotes`) by a quote. Why the key must be rare too: a name that many units
+    repeat is what the documents are about, not a key to one of them. In a prompt of
+    encyclopedia articles about pubs, "Arms" and "London" of the question stood in 8 units
+    each; kept first, they filled a 4K budget before the passage signals reached the
+    article the question's second hop needs (RULER qa_2, docs/BENCHMARK_NOTEBOOK.md)."""
     first_words = {g[0] for g in grams}
     matched_grams: list[dict[tuple[str, ...], int]] = []
     gram_df: Counter = Counter()
@@ -754,11 +767,10 @@ def _anchor_scores(
         score = sum(ctx.idf(w) for w in hits if ctx.unit_df[w] <= ctx.common_limit)
         score += max(gram_hits.values(), default=1) - 1
         scores[u] = score
-        if any(w in keys for w in rare) or any(g in long_grams for g in gram_hits):
+        key = any(ctx.unit_df[w] <= rare_max_freq for w in rare if w in keys)
+        if key or any(g in long_grams for g in gram_hits):
             named.add(u)
-        if any(ctx.unit_df[w] <= rare_max_freq for w in rare if w in keys) or any(
-            gram_df[g] <= rare_max_freq for g in gram_hits
-        ):
+        if key or any(gram_df[g] <= rare_max_freq for g in gram_hits):
             strong.add(u)
     scores.update(_phrase_tier_scores(ctx, phrase_tier, phrases))
     named.update(phrase_tier)
@@ -833,7 +845,15 @@ def _cascade(
     Seeds of round 1 are the strong anchors (a topic word shared with the question would
     start chains through unrelated text), of round k the units reached in round k-1. A rare
     word occurs at most `rare_max_freq` times in the context (and at least twice, or it
-    links nothing), is no stopword and no query word. Mutates `found`.
+    links nothing), is no stopword and no query word. A seed whose rare words lead to more
+    than `MAX_FANOUT` units not yet anchored passes nothing on: a link of a chain ("VAR
+    FGHIJ = VAR ABCDE.") names the next link and the one before it, while a sentence of
+    prose holds several words that happen to occur twice in the text (a year, a town, a
+    name), each leading to an unrelated document. Why: on RULER's HotpotQA prompts the
+    cascade went from the question's own sentences through "Glasgow", "1978" and "4" of
+    "Document 4:" into 30 (4K) to 150 (8K) units of other articles, all kept before the
+    passage signals' choice, and the second hop fell out (docs/BENCHMARK_NOTEBOOK.md).
+    Mutates `found`.
     """
     holders: dict[str, list[int]] = defaultdict(list)
     for u, ws in enumerate(ctx.sets):
@@ -844,13 +864,17 @@ def _cascade(
     for hop in range(1, params.cascade_iters + 1):
         reached: dict[int, float] = {}
         for u in sorted(seeds):
-            parent = found[u][0]
-            for n in ctx.sets[u]:
-                if n in query_words or n in stop_norms or n not in holders:
-                    continue
-                for v in holders[n]:
-                    if v not in found:
-                        reached[v] = max(reached.get(v, 0.0), parent * HOP_DECAY)
+            links = {
+                v
+                for n in ctx.sets[u]
+                if n in holders and n not in query_words and n not in stop_norms
+                for v in holders[n]
+                if v not in found
+            }
+            if len(links) > MAX_FANOUT:
+                continue
+            for v in links:
+                reached[v] = max(reached.get(v, 0.0), found[u][0] * HOP_DECAY)
         if not reached:
             return
         if params.cap_tokens is not None and ctx.tokens([*found, *reached]) > params.cap_tokens:

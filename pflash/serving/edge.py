@@ -149,20 +149,15 @@ def to_chat(
     body: dict[str, Any],
     extra: dict[str, Any] | None,
     *,
-    format_param: str | None = None,
     session: str | None = None,
 ) -> ChatCompletionRequest:
     """The chat request for a translated `body`, with the edge request's PFlash fields
     (`extra`: its unknown top-level fields) validated by the chat request's own rules;
-    `format_param` is the edge's name for the output format that `body` carries as
-    `response_format`, for the errors about it; `session`: the client's own session id,
-    used as `session_id` when the request names none."""
+    `session`: the client's own session id, used as `session_id` when the request names
+    none."""
     for key, value in (extra or {}).items():
         if key.startswith("pflash_") or key in PASSTHROUGH:
             body[key] = value
     if session is not None and body.get("session_id") is None:
         body["session_id"] = session
-    chat = parse_chat_request(body)
-    if format_param is not None:
-        chat.name_format_param(format_param)
-    return chat
+    return parse_chat_request(body)

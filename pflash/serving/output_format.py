@@ -3,11 +3,11 @@
 one `OutputFormat` a target is asked for; an edge API puts its format on the chat request as
 that value's `response_format()`.
 
-A format constrains decoding, which only a target that constrains its sampler can honour:
-vLLM behind the `openai` and `ray_llm` backends compiles the schema into a grammar. The
-in-process transformers target cannot, so a request asking for one is a 400 there (answering
-free text to a client that will parse JSON fails later, and less clearly). Compression does
-not change: the format shapes the answer, not which context is kept.
+A format constrains decoding: vLLM behind the `openai` and `ray_llm` backends compiles the
+schema into a grammar, and the in-process transformers target masks its sampler with one
+(`models/target/constrained.py`). A backend that could not would have to refuse it (a 400
+naming the API's field) rather than answer free text a client fails to parse later.
+Compression does not change: the format shapes the answer, not which context is kept.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pflash.errors import InvalidRequest
 from pflash.models.target.protocol import OutputFormat
 
 # a schema is compiled into a grammar per request by the upstream: bounded like other text
@@ -25,7 +24,6 @@ from pflash.models.target.protocol import OutputFormat
 MAX_SCHEMA_CHARS = 65_536
 # OpenAI's rule for a format's name, which vLLM and the SDKs follow
 SCHEMA_NAME = r"^[A-Za-z0-9_-]{1,64}$"
-CONSTRAINING_BACKENDS = frozenset({"openai", "ray_llm"})
 
 _CONFIG = ConfigDict(strict=True, extra="ignore")
 
@@ -157,16 +155,3 @@ def messages_format(fmt: MessagesJSONFormat | None) -> OutputFormat | None:
     if fmt is None:
         return None
     return OutputFormat("json_schema", json.dumps(fmt.schema_), "output", True)
-
-
-def require_constraining_target(fmt: OutputFormat | None, backend: str, param: str) -> None:
-    """A 400 naming `param` when a format is asked of a target that cannot constrain its
-    decoding."""
-    if fmt is not None and backend not in CONSTRAINING_BACKENDS:
-        raise InvalidRequest(
-            f"{param}: structured output needs a target that constrains its decoding "
-            f"(target_backend openai or ray_llm, e.g. vLLM); this server's target is "
-            f"{backend}, which would answer free text",
-            param=param,
-            code="unsupported_value",
-        )

@@ -29,7 +29,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
     field_validator,
     model_validator,
 )
@@ -38,11 +37,7 @@ from pydantic_core import PydanticCustomError
 from pflash.config import PFlashConfig, RequestOverrides
 from pflash.errors import InvalidRequest, ModelNotFound
 from pflash.models.target.protocol import SamplingParams
-from pflash.serving.output_format import (
-    ResponseFormat,
-    output_format,
-    require_constraining_target,
-)
+from pflash.serving.output_format import ResponseFormat, output_format
 
 PFlashMode = Literal["off", "auto", "always"]
 
@@ -138,9 +133,6 @@ class GenerationRequest(BaseModel):
     user: str | None = Field(None, max_length=MAX_IDENTIFIER_CHARS)
     pflash_return_prompt: bool = False
 
-    # the field a client named the format by: an edge API sets its own (`text.format`)
-    _format_param: str = PrivateAttr("response_format")
-
     _identifiers = field_validator("session_id")(check_identifier)
 
     @model_validator(mode="before")
@@ -219,10 +211,6 @@ class GenerationRequest(BaseModel):
             output_format=output_format(self.response_format),
         )
 
-    def name_format_param(self, param: str) -> None:
-        """Errors about the output format name `param` (the edge API's own field)."""
-        self._format_param = param
-
     def overrides(self) -> RequestOverrides:
         """What this request changes in the server's config (`pflash_mode`,
         `pflash_keep_ratio`)."""
@@ -232,9 +220,6 @@ class GenerationRequest(BaseModel):
         """Rules that depend on the server's config; raise `InvalidRequest` when broken."""
         if self.model is not None and self.model not in config.served_model_names:
             raise ModelNotFound(self.model, config.served_model_names)
-        require_constraining_target(
-            output_format(self.response_format), config.target_backend, self._format_param
-        )
         if len(getattr(self, "messages", ())) > config.max_messages:
             raise InvalidRequest(
                 f"{len(self.messages)} messages exceed this server's limit of "

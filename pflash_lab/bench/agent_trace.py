@@ -441,7 +441,8 @@ OUTPUTS = {
 
 # --------------------------------------------------------------------------- the trace
 
-StepKind = Literal["tool", "question"]
+# "first": a client's first request, its harness and task before any tool step (agent_clients)
+StepKind = Literal["tool", "question", "first"]
 
 
 @dataclass(frozen=True)
@@ -482,9 +483,10 @@ class Trace:
         return out + list(self.steps[i].messages)
 
     def planted_before(self, i: int) -> list[Fact]:
-        """Facts whose tool output is in step `i`'s request."""
+        """Facts whose tool output is in step `i`'s request (a trace cut short may hold
+        fewer)."""
         tool_steps = [s.index for s in self.steps if s.kind == "tool"]
-        return [f for f in self.facts if tool_steps[f.step] <= i]
+        return [f for f in self.facts if f.step < len(tool_steps) and tool_steps[f.step] <= i]
 
 
 def message_tokens(count: Callable[[str], int], message: dict) -> int:
@@ -506,14 +508,16 @@ def generate(
     target_tokens: int,
     seed: int = 0,
     question_every: int = 2,
+    sizes: tuple[int, int] | None = None,
 ) -> Trace:
-    """A trace that grows to about `target_tokens` (never over), deterministic in `seed`."""
+    """A trace that grows to about `target_tokens` (never over), deterministic in `seed`;
+    tool outputs of `sizes` (lo, hi) tokens, by default `size_range(target_tokens)`."""
     rng = random.Random(seed)
     budget = Budget(count)
     facts = make_facts(rng)
     task = rng.choice(TASKS)
     used = MESSAGE_OVERHEAD * 2 + count(SYSTEM) + count(task) + count(json.dumps(TOOLS)) // 2
-    lo, hi = size_range(target_tokens)
+    lo, hi = sizes or size_range(target_tokens)
     steps: list[Step] = []
     asked = 0
     tool_step = 0

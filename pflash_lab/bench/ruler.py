@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import io
 import json
 import random
@@ -232,6 +233,8 @@ def generate_isolated(
     draw exceeds the length, so some seeds loop for ever (the case keeps its real seed)."""
     import multiprocessing
 
+    if generator_script(task) == "niah":
+        _essay_sentences()  # trained here once (~6 s of CPU); each forked child inherits it
     ctx = multiprocessing.get_context("fork")
     for s in range(seed, seed + 3):
         receive, send = ctx.Pipe(duplex=False)
@@ -248,6 +251,11 @@ def generate_isolated(
         child.join()
         print(f"{task} at {length} tokens, seed {s}: the generator ran past {timeout_s:.0f} s")
     raise RuntimeError(f"RULER's {task} generator hung on seeds {seed}-{seed + 2}")
+
+
+def generator_script(task: str) -> str:
+    """The RULER generator script of `task` ("niah", "variable_tracking", "qa", ...)."""
+    return task_configs()[task]["script"]
 
 
 def _generate_into(conn, task, length, seed, samples, tokenizer) -> None:
@@ -600,6 +608,19 @@ def load_cases(path: Path) -> list[RulerCase]:
     return [RulerCase.from_json(json.loads(x)) for x in path.read_text().splitlines() if x]
 
 
+def merged_rows(paths: Sequence[Path]) -> list[RulerRow]:
+    """The rows of several results.jsonl, each case and method once (the first): a case
+    generated twice (a generator retried with the next seed, which another slot of the
+    run also drew) counts once."""
+    out: dict[tuple[str, str], RulerRow] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line:
+                row = RulerRow(**json.loads(line))
+                out.setdefault((row.case_id, row.method), row)
+    return list(out.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory")
@@ -624,15 +645,38 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-uniform", action="store_true", help="leave out the uniform sample")
     parser.add_argument("--cases", type=Path, default=None, help="cases.jsonl of an earlier run")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="no run: the tables of these runs' results.jsonl together (e.g. LongLLMLingua "
+        "on some seeds only)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", action="append", default=None, metavar="KEY=VALUE")
     args = parser.parse_args(argv)
+    if args.llmlingua and importlib.util.find_spec("llmlingua") is None:
+        parser.error(
+            "--llmlingua needs llmlingua 0.2.2 (the bench extra: pip install -e '.[bench]')"
+        )
 
     from pflash_lab.bench.ablation import AblationEngine, parse_variant
     from pflash_lab.bench.harness import parse_overrides, serve_args
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        rows = merged_rows([d / "results.jsonl" for d in args.merge])
+        names = [v.split(":", 1)[0] for v in (args.variant or DEFAULT_VARIANTS)]
+        command = "python -m pflash_lab.bench.ruler " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
+        text = summary(rows, [*names, "llmlingua", "uniform"], command)
+        (out / "summary.md").write_text(text)
+        print(text)
+        return 0
     if args.cases is not None:
         cases = [c for c in load_cases(args.cases) if c.task in args.tasks]
         cases = [c for c in cases if c.length in args.lengths]

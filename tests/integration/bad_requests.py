@@ -515,9 +515,9 @@ EDGE_REFUSED = [
     ("/v1/responses", {"input": [{"type": "function_call_output", "output": "x"}]}),
     ("/v1/responses", {"input": []}),
     ("/v1/responses", {"max_output_tokens": 0}),
-    # structured output, which the embedded target cannot constrain its sampler to
-    ("/v1/messages", {"output_config": {"format": {"type": "json_schema", "schema": {}}}}),
-    ("/v1/responses", {"text": {"format": {"type": "json_object"}}}),
+    # structured output of a kind no backend constrains to
+    ("/v1/messages", {"output_config": {"format": {"type": "json_object"}}}),
+    ("/v1/responses", {"text": {"format": {"type": "grammar", "grammar": "x"}}}),
 ]  # fmt: skip
 
 

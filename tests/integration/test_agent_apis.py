@@ -18,7 +18,6 @@ from pathlib import Path
 
 import anthropic
 import httpx
-import openai
 import pytest
 import yaml
 
@@ -580,45 +579,49 @@ def test_bad_responses_requests_are_4xx_in_the_openai_envelope(server):
     cases = [
         ({"input": "Hi", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"input": [{"type": "input_image_call"}]}, "input[0]"),
-        ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "Hi", "tools": [{"type": "namespace", "name": "n"}]}, "tools[0].tools"),
         ({"input": "Hi", "pflash_mode": "sometimes"}, "pflash_mode"),
         ({"input": "Hi", "max_output_tokens": "5"}, "max_output_tokens"),
     ]
     _openai_errors(url, cases)
+    # a hosted tool is not a 400: it is not offered to the model, and the answer says so
+    hosted = {"input": "Hi", "max_output_tokens": 2, "tools": [{"type": "web_search"}]}
+    r = httpx.post(url, json=hosted, headers=AUTH, timeout=60)
+    assert r.status_code == 200 and r.headers["x-pflash-tools-not-offered"] == "web_search"
 
 
-PLACE = {
+PLACE = {  # a bounded string: the grammar closes the object within max_tokens
     "type": "object",
-    "properties": {"city": {"type": "string"}},
+    "properties": {"city": {"type": "string", "maxLength": 30}},
     "required": ["city"],
     "additionalProperties": False,
 }
 
 
-def test_structured_output_is_refused_by_a_target_that_cannot_constrain_it(claude, openai_client):
-    # the embedded target samples without a grammar: asked for JSON it would answer free
-    # text, so each SDK's structured-output call is a 400 naming its own field, and plain
-    # text formats are still served
-    hi = [{"role": "user", "content": "Where is the Louvre?"}]
-    with pytest.raises(anthropic.BadRequestError) as err:
-        claude.messages.create(
-            model="pflash", max_tokens=8, messages=hi,
-            output_config={"format": {"type": "json_schema", "schema": PLACE}},
-        )  # fmt: skip
-    assert err.value.body["error"]["type"] == "invalid_request_error"
-    assert "output_config.format" in err.value.body["error"]["message"]
-    with pytest.raises(openai.BadRequestError) as err:
-        openai_client.responses.create(
-            model="pflash", input="Where is the Louvre?", max_output_tokens=8,
-            text={"format": {"type": "json_schema", "name": "place", "schema": PLACE}},
-        )  # fmt: skip
-    assert err.value.param == "text.format" and err.value.code == "unsupported_value"
-    with pytest.raises(openai.BadRequestError) as err:
-        openai_client.chat.completions.create(
-            model="pflash", messages=hi, max_tokens=8,
-            response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": PLACE}},
-        )  # fmt: skip
-    assert err.value.param == "response_format"
+def test_structured_output_is_json_matching_the_schema_on_the_embedded_target(
+    claude, openai_client
+):
+    """Each SDK's structured-output call is answered with JSON that parses against the
+    schema: the embedded target masks its sampler with the schema's grammar (Claude Code
+    names its sessions with such a request)."""
+    hi = [{"role": "user", "content": "Where is the Louvre? Answer with the city."}]
+    message = claude.messages.create(
+        model="pflash", max_tokens=40, messages=hi, extra_body=GREEDY,
+        output_config={"format": {"type": "json_schema", "schema": PLACE}},
+    )  # fmt: skip
+    assert message.stop_reason == "end_turn"
+    assert list(json.loads(message.content[0].text)) == ["city"]
+    response = openai_client.responses.create(
+        model="pflash", input=hi[0]["content"], max_output_tokens=40, temperature=0,
+        text={"format": {"type": "json_schema", "name": "place", "schema": PLACE}},
+    )  # fmt: skip
+    assert response.status == "completed" and list(json.loads(response.output_text)) == ["city"]
+    assert response.text.format.type == "json_schema"
+    chat = openai_client.chat.completions.create(
+        model="pflash", messages=hi, max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": PLACE}},
+    )  # fmt: skip
+    assert list(json.loads(chat.choices[0].message.content)) == ["city"]
     served = openai_client.responses.create(
         model="pflash", input="Hi", max_output_tokens=4, text={"format": {"type": "text"}}
     )

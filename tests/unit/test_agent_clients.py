@@ -17,6 +17,7 @@ import openai.types.responses as rtypes
 import pytest
 from pydantic import TypeAdapter
 
+from pflash.config import build_config
 from pflash.models.target.protocol import GenerationTimings
 from pflash.serving.chat_completion.serving import chat_chunk, chat_response, chat_usage_chunk
 from pflash.serving.edge import NOT_OFFERED_HEADER
@@ -296,3 +297,20 @@ def test_codexs_other_fields_are_accepted_and_its_session_names_the_conversation
     assert RESPONSES.parse({"input": "Hi"}, {"session-id": "from-header"}).chat.session_id == (
         "from-header"
     )
+
+
+def test_claude_codes_session_title_request_asks_the_target_for_its_json_schema():
+    """Interactive Claude Code names each session with a structured-output request (no
+    tools, `output_config.format`): every target backend constrains its answer to the
+    schema (models/target/constrained.py in process), so it is served, not refused."""
+    recorded = json.loads((FIXTURES / "claude_code_title.json").read_text())
+    (title,) = recorded["requests"]
+    assert (
+        recorded["versions"]["@anthropic-ai/claude-code"]
+        == session.CLIENTS["@anthropic-ai/claude-code"]
+    )
+    chat = MESSAGES.parse(json.dumps(title["body"]), title["headers"]).chat
+    fmt = chat.sampling_params().output_format
+    assert fmt.kind == "json_schema" and json.loads(fmt.schema)["required"] == ["title"]
+    assert chat.tools is None and chat.session_id == title["headers"]["x-claude-code-session-id"]
+    chat.check_allowed(build_config({}, env={}))  # the embedded (transformers) target

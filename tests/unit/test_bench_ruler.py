@@ -81,3 +81,44 @@ def test_the_table_puts_the_methods_side_by_side_per_task_and_length():
     table = results_table(rows, ["default", "llmlingua", "uniform"], "evidence")
     assert "| qa_2 | 100 · 50 |" in table and "| cwe | 90 · 80 |" in table
     assert "| compression s, median | 2.5 · 0.0 |" in table
+
+
+def test_the_timing_table_gives_medians_and_the_median_of_per_case_ratios():
+    from pflash_lab.bench.ruler_timing import ratio_table
+
+    def row(length, base, head, error=""):
+        return {
+            "length": length,
+            "base_ms": base,
+            "head_ms": head,
+            "ratio": head / base,
+            "base_error": "",
+            "head_error": error,
+        }
+
+    rows = [row(4096, 1000, 1100), row(4096, 2000, 2000), row(4096, 4000, 6000)]
+    rows += [row(8192, 5000, 5500), row(8192, 5000, 1, error="selection")]
+    table = ratio_table(rows)
+    assert "| 4K | 3 | 2.0 | 2.0 | 1.10x (1.00-1.50) |" in table
+    assert "| 8K | 1 | 5.0 | 5.5 | 1.10x (1.10-1.10) |" in table  # a failed case is no pair
+
+
+def test_merged_runs_count_each_case_and_method_once(tmp_path):
+    import dataclasses
+    import json
+
+    from pflash_lab.bench.ruler import merged_rows
+
+    def row(case, method):
+        return RulerRow(case, "vt", 4096, 1, method, 1000, 120, 5, 5, 100.0, True, 10.0)
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(
+        "".join(
+            json.dumps(dataclasses.asdict(r)) + "\n"
+            for r in [row("vt-1", "default"), row("vt-1", "default"), row("vt-2", "default")]
+        )
+    )
+    b.write_text(json.dumps(dataclasses.asdict(row("vt-1", "llmlingua"))) + "\n")
+    got = sorted((r.case_id, r.method) for r in merged_rows([a, b]))
+    assert got == [("vt-1", "default"), ("vt-1", "llmlingua"), ("vt-2", "default")]

@@ -12,7 +12,9 @@
 - a product module over ~600 lines says why at its top;
 - the distribution ships `pflash` and `deployments` only;
 - the lab's commands reach it through the `pflash.commands` entry points, and where the lab
-  is not importable each says so and how to get it.
+  is not importable each says so and how to get it;
+- no two test modules share a file name: pytest imports them by basename (no packages under
+  tests/), and a clash stops the whole run at collection.
 """
 
 from __future__ import annotations
@@ -224,3 +226,10 @@ def test_a_lab_command_without_the_lab_says_how_to_get_it(monkeypatch, capsys):
     with pytest.raises(SystemExit) as done:  # the product's own commands are all there
         main(["plan", "--help"])
     assert done.value.code == 0
+
+
+def test_no_two_test_modules_share_a_file_name():
+    seen: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]}: pytest cannot collect both"
+        seen[path.name] = path

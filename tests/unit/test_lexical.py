@@ -437,6 +437,52 @@ def test_units_the_question_names_are_promoted_alone_when_asked(smollm2_tokenize
     assert set(only_named) == set(everything) - set(plain)
 
 
+# several short articles, as a RAG prompt retrieves them: each of the first sentence's rare
+# words ("Quarnby", "1871") also stands in one other article
+ARTICLES = [
+    "The Velmora Arms is a public house in Quarnby, built in 1871.",
+    "Quarnby is a market town on the river Ouse.",
+    "The bridge at Ferrow was finished in 1871 by a local mason.",
+]
+ARTICLES_QUESTION = "When was the Velmora Arms built?"
+
+
+def test_the_cascade_spreads_from_no_sentence_of_prose_with_several_rare_words(
+    smollm2_tokenizer,
+):
+    # a link of a chain names one new unit ("VAR FGHIJ = VAR ABCDE."); a sentence about a pub
+    # names a town and a year that two unrelated articles also hold, and following both
+    # led the cascade through whole RULER prompts
+    prepared = _spread_prompt(smollm2_tokenizer, ARTICLES, ARTICLES_QUESTION, chars=8000)
+    ev = _evidence(prepared, mode="cascade", rare_max_freq=2, cascade_iters=3)
+    hops = {_text(prepared, u.span): u.hop for u in ev.units}
+    assert hops.get(ARTICLES[0]) == 0
+    assert not set(ARTICLES[1:]) & set(hops)
+
+
+TOWN_LINES = [
+    "The Velmora Arms has a small garden in Quarnby.",
+    "The Crown Arms in Quarnby serves cider.",
+    "The Fleece Arms in Quarnby has rooms.",
+    "The Lamb Arms in Quarnby was rebuilt.",
+    "The Swan Arms in Quarnby is the oldest.",
+]
+TOWN_QUESTION = "Which pub of Quarnby has a garden?"
+
+
+def test_a_name_many_units_repeat_anchors_them_but_does_not_name_them(smollm2_tokenizer):
+    # "Quarnby" is what these lines are about, not a key to one of them: with passage
+    # evidence, units sharing only such a name compete by their mixed score
+    prepared = _spread_prompt(smollm2_tokenizer, TOWN_LINES, TOWN_QUESTION, chars=8000)
+    ev = _evidence(prepared, mode="cascade", rare_max_freq=2, cascade_iters=3)
+    by_text = {_text(prepared, u.span): u for u in ev.units}
+    assert set(TOWN_LINES) <= set(by_text)
+    assert not any(by_text[line].named for line in TOWN_LINES)
+    rare = _spread_prompt(smollm2_tokenizer, TOWN_LINES[:2], TOWN_QUESTION, chars=8000)
+    named = {_text(rare, u.span) for u in _evidence(rare, rare_max_freq=2).units if u.named}
+    assert set(TOWN_LINES[:2]) <= named  # in two units, the name is a key
+
+
 # ----------------------------------------------------------------------------- quotes
 
 OPERATORS = [("iadd", "+="), ("isub", "-="), ("imul", "*="), ("imatmul", "@="), ("ipow", "**=")]

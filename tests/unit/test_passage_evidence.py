@@ -22,6 +22,8 @@ from pflash.compress.passage_evidence import (
     combine_questions,
     evidence_passages,
     evidence_question,
+    evidence_request,
+    framing_lines,
     lift_code_headers,
     mix_evidence,
     passage_cuts,
@@ -309,6 +311,63 @@ def test_the_embedder_reads_a_body_piece_after_its_def_line(smollm2_tokenizer):
             continue
         checked.add(first[:6])
     assert len(checked) >= 3
+
+
+RAG_INSTRUCTION = (
+    "Answer the question based on the given documents. Only give me the answer and do not "
+    "output any other words."
+)
+
+
+def _rag_content(question: str = QUESTION) -> str:
+    """Documents under "Document N:" labels, the instruction before and after them, then
+    the question: the layout of RULER's QA prompts and of many RAG templates."""
+    paras = [p for p in open("/usr/share/common-licenses/GPL-3").read()[:9000].split("\n\n")]
+    docs = [f"Document {i + 1}:\n{p.strip()}" for i, p in enumerate(paras) if p.strip()]
+    docs.insert(len(docs) // 2, f"Document {len(docs) + 1}:\n{EVIDENCE}")
+    return "\n\n".join(
+        [RAG_INSTRUCTION, "The following are given documents.", *docs, RAG_INSTRUCTION,
+         f"Question: {question} Answer:"]
+    )  # fmt: skip
+
+
+def test_framing_lines_are_labels_and_instructions_on_the_answer():
+    text = (
+        "Answer the question based on the given documents. Only give me the answer.\n"
+        "Document 1:\nContext:\n  Passage [2]:  \nTitle: Rhine\nAnswer: 42\n"
+        "Answer briefly.\nRespond to all inquiries within 24 hours.\n"
+        "Please reply to the question in one word.\nelse:\n    def parse(self):\n"
+        "The bridge was finished in 1871.\n"
+    )
+    found = [text[b:e] for b, e in framing_lines(text)]
+    assert found == [
+        "Answer the question based on the given documents. Only give me the answer.",
+        "Document 1:",
+        "Context:",
+        "Passage [2]:",
+        "Please reply to the question in one word.",
+    ]
+    assert framing_lines(text, text.index("Title")) == [
+        (text.index("Please"), text.index("\nelse"))
+    ]
+
+
+def test_document_labels_and_instructions_are_not_scored_as_passages(smollm2_tokenizer):
+    # the tap projection ranked RULER's "Document N:" labels and its instruction first for
+    # any question; no signal scores them now, and every document sentence is still a passage
+    cfg = build_config(
+        {**CFG, "select_semantic_weight": 0.5, "select_projection_weight": 0.5}, env={}
+    )
+    _, prepared = _prepared(smollm2_tokenizer, cfg, _rag_content())
+    req = evidence_request(prepared.plan, prepared.budget.pinned, cfg, suffix=False)
+    drafter = prepared.plan.drafter
+    texts = [drafter.text[slice(*drafter.char_span(p))] for p in req["projection_passages"]]
+    assert req["semantic_passages"] == req["projection_passages"]
+    assert not any(re.search(r"Document \d+:", t) for t in texts)
+    assert not any("Answer the question" in t or "Only give me" in t for t in texts)
+    assert sum(EVIDENCE in t for t in texts) == 1
+    assert any("The following are given documents." in t for t in texts)
+    assert sum(len(t) for t in texts) > 0.8 * len(_rag_content())
 
 
 # ------------------------------------------------------------------------- the flow

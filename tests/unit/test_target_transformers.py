@@ -4,6 +4,7 @@ KV prefix snapshots; plus the pure pieces (streaming decoder, sampler, snapshot 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import torch
@@ -127,14 +128,30 @@ def test_context_left_clamps_max_tokens_and_overflow_is_400(model, smollm2_token
     asyncio.run(small.aclose())
 
 
-def test_an_output_format_is_refused_not_answered_as_free_text(target, france):
-    # this target samples without a grammar: a JSON format it cannot enforce is a 400
-    # (the ingress refuses it first; this is the backend's own guard), and nothing ran
-    params = SamplingParams(max_tokens=4, temperature=0, output_format=OutputFormat("json_object"))
-    with pytest.raises(InvalidRequest) as info:
-        run(target, france, params)
-    assert info.value.param == "response_format" and info.value.code == "unsupported_value"
-    assert len(target.snapshots) == 0
+TITLE = {
+    "type": "object",
+    "properties": {"title": {"type": "string", "maxLength": 40}},
+    "required": ["title"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_an_answer_asked_for_a_schema_is_json_matching_it(target, france, temperature):
+    """The sampler is masked by the schema's grammar at every step: the answer parses and
+    has the schema's keys, greedy or sampled, and ends by itself (the schema bounds the
+    string, so the grammar closes the object within the token budget)."""
+    schema = OutputFormat("json_schema", json.dumps(TITLE), "title", True)
+    params = SamplingParams(max_tokens=80, temperature=temperature, seed=3, output_format=schema)
+    result = run(target, france, params)
+    assert result.finish_reason == "stop", result.text
+    value = json.loads(result.text)
+    assert list(value) == ["title"] and len(value["title"]) <= 40
+    # any object: the answer opens one (an unbounded object may run to max_tokens)
+    anything = SamplingParams(
+        max_tokens=8, temperature=0, output_format=OutputFormat("json_object")
+    )
+    assert run(target, france, anything).text.lstrip().startswith("{")
 
 
 def test_token_outside_vocabulary_is_invalid_request(target):

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from pflash.config import TargetModelPart
 
+from pflash.models.target.constrained import FormatGuide, TokenMask
 from pflash.models.target.protocol import (
     FinishReason,
     GenerationDone,
@@ -276,6 +277,7 @@ class _Decoding:
     draft_cache: Any = None  # the assistant's DynamicCache
     proposed: int = 0
     accepted: int = 0
+    mask: TokenMask | None = None  # the output format's grammar, when the request asks one
 
     @property
     def accept_rate(self) -> float | None:
@@ -391,6 +393,7 @@ class TransformersTarget(TargetBackend):
             or tokenizer.model_max_length
         )
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        self.formats = FormatGuide(tokenizer, self.vocab_size, self._eos_ids(model, tokenizer))
         self.prefill_chunk = prefill_chunk
         self.device = next(model.parameters()).device
         self.eos_ids = self._eos_ids(model, tokenizer)
@@ -582,9 +585,11 @@ class TransformersTarget(TargetBackend):
                 params.seed if params.seed is not None else random.getrandbits(63)
             )
         prompt_ms = (time.perf_counter() - t0) * 1000
+        mask = self.formats.mask(params.output_format) if params.output_format else None
         return _Decoding(
-            cache, logits, generator, reused, prompt_ms, params, list(prompt_ids), draft_cache
-        )
+            cache, logits, generator, reused, prompt_ms, params, list(prompt_ids), draft_cache,
+            mask=mask,
+        )  # fmt: skip
 
     def _decode_step(self, state: _Decoding, prev: int | None, room: int) -> list[int]:
         """The next 1..`room` answer tokens: speculatively when the request drafts, else one."""
@@ -604,7 +609,12 @@ class TransformersTarget(TargetBackend):
                 token = torch.tensor([[prev]], dtype=torch.long, device=self.device)  # [1, 1]
                 out = self.model(input_ids=token, cache=state.cache, use_cache=True)
             state.logits = out.logits[0, -1]
-        return sample_token(state.logits, state.params, state.generator)
+        if state.mask is not None:
+            state.mask.apply(state.logits)
+        token = sample_token(state.logits, state.params, state.generator)
+        if state.mask is not None:
+            state.mask.accept(token)
+        return token
 
     def _draft(self, state: _Decoding, k: int) -> list[int]:
         """The assistant's `k` greedy tokens after `state.tokens`; its cache first catches up
@@ -674,19 +684,13 @@ class TransformersTarget(TargetBackend):
         session_id: str | None = None,
         tenant: str | None = None,
     ) -> AsyncIterator[GenerationEvent]:
-        if params.output_format is not None:  # the ingress refuses it first; never ignored
-            raise InvalidRequest(
-                "structured output needs a target that constrains its decoding; the "
-                "transformers target cannot",
-                param="response_format",
-                code="unsupported_value",
-            )
         prompt_ids = [int(t) for t in prompt_ids]
         cut = self._check_prompt(prompt_ids, snapshot_cut)
         budget = max_new_tokens(len(prompt_ids), params, self.max_context)
         speculate = (
             self.assistant is not None
             and params.greedy
+            and params.output_format is None
             and budget > 1
             and len(prompt_ids) < self._assistant_context
         )

@@ -296,7 +296,6 @@ def chat_request(
     return to_chat(
         body,
         req.model_extra,
-        format_param="output_format" if beta else "output_config.format",
         session=session_of(req, headers),
     )
 

@@ -167,9 +167,7 @@ def chat_request(
     body = _conversation(req) | generation
     if (wanted := text_format(req.text)) is not None:
         body["response_format"] = wanted.response_format()
-    return to_chat(
-        body, req.model_extra, format_param="text.format", session=session_of(req, headers)
-    )
+    return to_chat(body, req.model_extra, session=session_of(req, headers))
 
 
 def count_request(req: InputTokensRequest) -> ChatCompletionRequest:
