@@ -37,7 +37,6 @@ Two pure steps around the drafter call:
 from __future__ import annotations
 
 import bisect
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -53,7 +52,8 @@ from pflash.compress.code_blocks import (
     passage_headers,
 )
 from pflash.compress.entity_feedback import followed_passages, lift_passages
-from pflash.compress.lexical import FORM_VERBS, answers_form, split_units
+from pflash.compress.framing import framing_lines, with_space
+from pflash.compress.lexical import answers_form, split_units
 from pflash.compress.query import Plan, question_tail
 from pflash.compress.scoring import ScoreRequest, ScoreResult
 from pflash.compress.selection.candidates import Candidates, split_candidates
@@ -135,74 +135,6 @@ def part_shares(sims: np.ndarray) -> np.ndarray:
     return np.maximum(sims - med, 0.0) / np.where(top > med, top - med, 1.0)
 
 
-# a label line: at most 3 words, the first capitalised, closed by a colon ("Document 14:")
-_LABEL = re.compile(r"[A-Z]\w*(?:[ \t]+[\w#()\[\].-]+){0,2}[ \t]*:")
-_FRAME_WORDS = re.compile(r"\b(?:questions?|answers?)\b", re.IGNORECASE)
-LABEL_MAX_CHARS = 64  # a longer line is no label; bounds the pattern on request text
-_LINE = re.compile(r"[^\n]+")
-
-
-def framing_lines(text: str, begin: int = 0, end: int | None = None) -> list[tuple[int, int]]:
-    """Character ranges (stripped, source order) of the lines of `text[begin:end]` that frame
-    the documents of a prompt instead of stating anything a question asks about:
-
-    - a **label** introducing what follows: at most 3 words, the first capitalised, closed by
-      a colon ("Document 14:", "Context:", "Passage 2:"); a label with text after its colon
-      ("Title: Rhine") is a line of the document;
-    - an **instruction on the answer**: a line that opens with "answer", "reply" or
-      "respond" (after an optional "please"; `answers_form`), not as a label ("Answer:
-      42"), and names the question or the answer again after it ("Answer the question
-      based on the given documents. Only give me the answer and do not output any other
-      words.").
-
-    Why: the tap projection ranks such lines first for any question (on RULER's SQuAD
-    prompts, the "Document N:" labels and the instruction, written before and after the
-    documents, were its best passages while the answer came 33rd), and mixed half and half
-    with the sentence embedder they took the room of the answer (docs/BENCHMARK_NOTEBOOK.md).
-    They are left out of the passages: no signal lifts them, attention still scores them.
-    The instruction's first sentence, when it opens the user's turn, is kept as a question
-    by lexical evidence anyway (§4.2)."""
-    stop = len(text) if end is None else end
-    out = []
-    for m in _LINE.finditer(text, begin, stop):
-        line = m.group()
-        b = m.start() + len(line) - len(line.lstrip())
-        e = m.end() - (len(line) - len(line.rstrip()))
-        if b >= e:
-            continue
-        body = text[b:e]
-        if len(body) <= LABEL_MAX_CHARS and _LABEL.fullmatch(body):
-            out.append((b, e))
-        elif _instructs_answer(body):
-            out.append((b, e))
-    return out
-
-
-def _with_space(text: str, begin: int, end: int) -> tuple[int, int]:
-    """`[begin, end)` grown over the whitespace on both sides: the blank lines around a
-    label are no passage of their own."""
-    while begin > 0 and text[begin - 1].isspace():
-        begin -= 1
-    while end < len(text) and text[end].isspace():
-        end += 1
-    return begin, end
-
-
-def _instructs_answer(line: str) -> bool:
-    """`line` opens with an answer-form imperative (not a label) and names the question or
-    the answer after its opening word."""
-    if not answers_form(line):
-        return False
-    words = line.split(maxsplit=2)
-    if words[0].lower() == "please":
-        words = words[1:]
-    verb = words[0]
-    if verb.endswith(":") or verb.strip(",.;!").lower() not in FORM_VERBS:
-        return False
-    rest = line[line.find(verb) + len(verb) :]
-    return _FRAME_WORDS.search(rest) is not None
-
-
 def evidence_passages(
     drafter: TokenizedText,
     context_end: int,
@@ -224,7 +156,7 @@ def evidence_passages(
     out: list[Span] = []
     c0, c1 = drafter.char_span(Span(begin, max(begin, context_end)))
     frames = [
-        drafter.token_span(*_with_space(drafter.text, b, e))
+        drafter.token_span(*with_space(drafter.text, b, e))
         for b, e in framing_lines(drafter.text, c0, c1)
     ]
     for region in subtract([Span(begin, context_end)], [*pinned, *frames]):

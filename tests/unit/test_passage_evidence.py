@@ -17,13 +17,13 @@ import pytest
 from pflash.compress.chat import render_chat
 from pflash.compress.code_headers import code_lines
 from pflash.compress.encoding import encode_as_written_with_offsets
+from pflash.compress.framing import framing_lines
 from pflash.compress.passage_evidence import (
     PassageSignal,
     combine_questions,
     evidence_passages,
     evidence_question,
     evidence_request,
-    framing_lines,
     lift_code_headers,
     mix_evidence,
     passage_cuts,
