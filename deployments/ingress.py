@@ -22,7 +22,8 @@ from deployments.metrics import ServeMetrics
 from deployments.resources import freeze_startup_heap
 from deployments.session_store import SessionStoreClient, views_part
 from pflash.compress.scoring import ScoreRequest
-from pflash.compressor import Compressor, tenant_of
+from pflash.flow.compressor import Compressor
+from pflash.flow.request import tenant_of
 from pflash.config import PFlashConfig, build_config
 from pflash.models.source import load_tokenizer
 from pflash.models.target.protocol import SamplingParams

@@ -16,8 +16,8 @@ import numpy as np
 from ray import serve
 
 from deployments.resources import apply_thread_limits, freeze_startup_heap
+from pflash.compress.plan.segments import ProbeParams
 from pflash.compress.scoring import ScoreResult
-from pflash.compress.segments import ProbeParams
 from pflash.config import ScoringConfig, build_part
 
 log = logging.getLogger("ray.serve")

@@ -4,7 +4,7 @@
 (`{"type": "text", "text": ...}`), joined with "\\n" as vLLM does; any other part (an image,
 audio) is the client's error, because PFlash is text only. The API validates requests with
 it (`pflash.serving.chat_completion.protocol`) and the chat renderer applies it to messages a
-library caller hands over directly (`pflash.compress.chat.normalize_messages`), so both read a message
+library caller hands over directly (`pflash.compress.render.chat.normalize_messages`), so both read a message
 the same way and refuse the same parts.
 """
 

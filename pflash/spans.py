@@ -160,7 +160,7 @@ class TokenizedText:
     `starts` is the sorted list of token start offsets, used for lower-bound lookups.
     Offsets of special/added tokens cover their literal text (HF fast tokenizers).
     `controls`: the character ranges of `text` that are control tokens of the prompt (the
-    chat template's own markers, `pflash.compress.encoding`); None for a TokenizedText
+    chat template's own markers, `pflash.compress.text.encoding`); None for a TokenizedText
     built by hand (every marker text then counts as a control token).
     """
 

@@ -53,13 +53,9 @@ def serve_turns(
     `Compressor` with a view store, as tenant-a: the `Compressed` result of every turn.
     `scorer` is called in process; `record` receives the flow's metric events;
     `reuse_memo` False: the flow derives every turn from scratch (no `TurnMemo`)."""
-    from pflash.compressor import (
-        Compressor,
-        LocalStore,
-        compression_request,
-        local_scorer,
-        render_request,
-    )
+    from pflash.flow.compressor import Compressor
+    from pflash.flow.in_process import LocalStore, local_scorer
+    from pflash.flow.request import compression_request, render_request
     from pflash.serving.admission import request_params
     from pflash.serving.chat_completion.serving import parse_chat_request
     from pflash.views.store import ViewStore

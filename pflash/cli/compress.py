@@ -4,7 +4,7 @@ FILE is a chat request (`{"messages": [...], "tools"?, "pflash_query"?, "pflash_
 "chat_template_kwargs"?}`), a raw completion (`{"prompt": "..."}`), or plain text (a raw
 completion prompt). Chats are rendered with the target tokenizer's chat template and
 encoded exactly as the server's ingress does, then compressed by the server's own
-`pflash.compressor.Compressor` with `mode: always` and the drafter `DrafterScorer`.
+`pflash.flow.compressor.Compressor` with `mode: always` and the drafter `DrafterScorer`.
 
 Output: the compressed prompt, then the stats; with `--json` one object
 `{"prompt": str, "stats": {...}}`. The stats use the `usage.timings.pflash` names, plus
@@ -144,7 +144,7 @@ def compress_request(
 ) -> CompressReport:
     """Render, encode and compress one request with the real drafter under `config`: the
     same `Compressor` the server runs, in process, without views (a file is one turn)."""
-    from pflash.compressor import compress_in_process
+    from pflash.flow.in_process import compress_in_process
     from pflash.models.drafter.scorer import DrafterScorer
     from pflash.models.probe import probe_for
     from pflash.models.source import load_tokenizer
@@ -183,7 +183,7 @@ def compress_request(
 def render_request(target_tokenizer, request: CompressFile):
     """The prompt as the ingress renders it: a chat with the target's template (no special
     tokens added), a raw prompt with the tokenizer's own."""
-    from pflash.compress.rendered import render_chat_prompt, render_completion_prompt
+    from pflash.compress.render.rendered import render_chat_prompt, render_completion_prompt
 
     if request.messages is None:
         return render_completion_prompt(target_tokenizer, request.prompt)

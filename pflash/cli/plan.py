@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pflash.compress.chat import render_chat
-from pflash.compress.query import Plan, plan_prompt
+from pflash.compress.plan.query import Plan, plan_prompt
+from pflash.compress.render.chat import render_chat
 from pflash.config import EMBEDDED_SMOLLM2, build_config
 from pflash.errors import PFlashError
 from pflash.spans import Span

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
-from pflash.compress.encoding import (
+from pflash.compress.text.encoding import (
     ControlledText,
     controls_within,
     decode,

@@ -2,7 +2,7 @@
 
 Selection keeps the lexical evidence first (lexical.py), then fills the budget by attention
 mixed with passage evidence (passage_evidence.py). Two pure halves around the drafter call,
-which `pflash/compressor.py` (the one flow every caller uses) awaits between them:
+which `pflash/flow/compressor.py` (the one flow every caller uses) awaits between them:
 
     prepare(inp, ...)          plan, budget, gate, the ScoreRequest
     finish(prepared, scores)   select, assemble, ceiling retries
@@ -25,21 +25,21 @@ from typing import Any
 
 import numpy as np
 
-from pflash.compress import encoding, passage_evidence
-from pflash.compress.aggregate import (
+from pflash.compress.assemble import Assembly, assemble, fit_ceiling
+from pflash.compress.evidence import passage_evidence
+from pflash.compress.evidence.aggregate import (
     AggregateQuestion,
     asked_text,
     classify_question,
     stratified_selection,
 )
-from pflash.compress.assemble import Assembly, assemble, fit_ceiling
-from pflash.compress.budget import BudgetPlan, configured_keep_ratio, plan_budget_for
-from pflash.compress.lexical import LexicalEvidence, LexicalParams, find_lexical_evidence
-from pflash.compress.position_prior import lift_over_prior
-from pflash.compress.query import Plan, plan_prompt
-from pflash.compress.rendered import RenderedPrompt
+from pflash.compress.evidence.lexical import LexicalEvidence, LexicalParams, find_lexical_evidence
+from pflash.compress.evidence.position_prior import lift_over_prior
+from pflash.compress.plan.budget import BudgetPlan, configured_keep_ratio, plan_budget_for
+from pflash.compress.plan.query import Plan, plan_prompt
+from pflash.compress.plan.segments import ProbeParams, segment
+from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreRequest, ScoreResult, candidate_lifts
-from pflash.compress.segments import ProbeParams, segment
 from pflash.compress.selection import (
     Candidates,
     LegacyParams,
@@ -55,6 +55,7 @@ from pflash.compress.selection import (
     span_sums,
     split_candidates,
 )
+from pflash.compress.text import encoding
 from pflash.compress.turn_memo import TurnMemo
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed

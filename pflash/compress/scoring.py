@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pflash.compress.query import QueryWindow
+from pflash.compress.plan.query import QueryWindow
 from pflash.spans import Span
 
 
@@ -27,12 +27,12 @@ class ScoreRequest:
     - `want_tap`: also return the hidden states at the probe tap (for the segment probe).
     - `semantic_texts`: passage texts to score by the sentence embedder's cosine to each of
       `semantic_questions` (the question, then each of its sentences when it has several;
-      `pflash.compress.passage_evidence`); empty = none asked. `semantic_passages`: their spans, for the
+      `pflash.compress.evidence.passage_evidence`); empty = none asked. `semantic_passages`: their spans, for the
       pipeline that mixes the scores (the drafter reads the texts).
     - `projection_passages`: passages to score by the tap projection's cosine to the
       `projection_question` rows (`pflash.models.projection`); empty = none asked.
     - `evidence_blocks`: code blocks the sentence embedder also reads whole
-      (`pflash.compress.code_blocks`): their texts follow the passages' in `semantic_texts`.
+      (`pflash.compress.evidence.code_blocks`): their texts follow the passages' in `semantic_texts`.
     - `semantic_prefetch`: passage texts after the question (an agent's tool outputs since
       the user last spoke) to embed into the conversation's memo and not score: the next
       question reads them as passages, and then pays only for its own (§6.4).

@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import AfterValidator
 
 # found in Claude Code's and Codex CLI's requests (tests/fixtures/agent_clients), and the tool
-# block PFlash writes itself for a template that cannot render tools (`compress.tool_prompt`)
+# block PFlash writes itself for a template that cannot render tools (`compress.render.tool_prompt`)
 DEFAULT_INSTRUCTION_TAGS = (
     "system-reminder",
     "environment_context",

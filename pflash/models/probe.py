@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pflash.compress.plan.segments import ProbeParams
 from pflash.compress.scoring import ScoreResult, is_skipped_read_ahead
-from pflash.compress.segments import ProbeParams
 from pflash.config.artefacts import refuse_unbound, resolve_artefact
 from pflash.errors import CompressionFailed, ModelUnavailable
 from pflash.models.drafter.sessions import SessionTable

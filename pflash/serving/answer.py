@@ -18,7 +18,8 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel
 
 from pflash.compress.pipeline import Compressed
-from pflash.compressor import Served, tenant_of
+from pflash.flow.compressor import Served
+from pflash.flow.request import tenant_of
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, StageUnavailable
 from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta

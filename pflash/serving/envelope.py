@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from pflash.compressor import unwrap_remote_error
+from pflash.flow.parts import unwrap_remote_error
 from pflash.errors import PFlashError, runtime_failure
 from pflash.serving.validation import invalid_request_from
 

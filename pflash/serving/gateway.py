@@ -27,9 +27,10 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from pflash.compress.encoding_memo import EncodingMemo
-from pflash.compress.rendered import RenderedPrompt
-from pflash.compressor import Compressor, check_prompt_limit, compression_request, render_request
+from pflash.compress.render.rendered import RenderedPrompt
+from pflash.compress.text.encoding_memo import EncodingMemo
+from pflash.flow.compressor import Compressor
+from pflash.flow.request import check_prompt_limit, compression_request, render_request
 from pflash.config import PFlashConfig
 from pflash.models.target.protocol import SamplingParams
 from pflash.serving.admission import TokenBound, check_prompt_bound, read_body, request_params

@@ -16,7 +16,7 @@ Vocabularies (every span and index says which):
   indices, `View.drafter_gen_begin`, `View.spans`, the delta and recalled spans.
 
 Everything here is pure: tokenizers are only read, nothing is stored. The compressor
-(`pflash/compressor.py`) asks `decide_view` first without a fresh compression; when the
+(`pflash/flow/compressor.py`) asks `decide_view` first without a fresh compression; when the
 answer is "compress first" it runs the drafter and asks again with the result.
 
 One module of ~630 lines on purpose: the decision's steps (§6.1 steps 1-15, recall §6.2) all
@@ -35,12 +35,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from pflash.compress import encoding
 from pflash.compress.assemble import joined_runs, recall_text
-from pflash.compress.chat import FAMILIES, ChatLayout, Turn, resolve_marker
-from pflash.compress.lexical import is_question_like, split_units, words
+from pflash.compress.evidence.lexical import is_question_like, split_units, words
 from pflash.compress.pipeline import Compressed, Prepared
-from pflash.compress.query import Plan
+from pflash.compress.plan.query import Plan
+from pflash.compress.render.chat import FAMILIES, ChatLayout, Turn, resolve_marker
+from pflash.compress.text import encoding
 from pflash.config import PFlashConfig
 from pflash.spans import (
     Span,

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pflash.compress import encoding
 from pflash.compress.pipeline import Prepared
-from pflash.compress.query import Plan
+from pflash.compress.plan.query import Plan
+from pflash.compress.text import encoding
 from pflash.config import PFlashConfig
 
 

@@ -179,7 +179,7 @@ class AblationEngine:
         return scorer, probe_for(config, scorer)
 
     def encode(self, messages: list[dict]) -> tuple[int, ...]:
-        from pflash.compress.chat import render_chat
+        from pflash.compress.render.chat import render_chat
 
         text = render_chat(self.target_tokenizer, messages)
         return tuple(self.target_tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -187,8 +187,8 @@ class AblationEngine:
     def serve(self, messages: list[dict]) -> dict[str, Served]:
         """Every variant's served prompt for one chat (one drafter pass per variant group;
         each variant's time includes its group's pass)."""
-        from pflash.compress.rendered import render_chat_prompt
-        from pflash.compressor import ScoreOnce, compress_in_process
+        from pflash.compress.render.rendered import render_chat_prompt
+        from pflash.flow.in_process import ScoreOnce, compress_in_process
         from pflash.errors import CompressionFailed
 
         prompt = render_chat_prompt(self.target_tokenizer, messages)

@@ -314,7 +314,7 @@ def _open_with(body: dict, line: str) -> None:
 
 def render_tokens(client: Client, body: dict, tokenizer) -> int:
     """The prompt tokens the app renders `body` to (the target's chat template, tools in)."""
-    from pflash.compressor import render_request
+    from pflash.flow.request import render_request
     from pflash.serving.messages.translate import EDGE as MESSAGES
     from pflash.serving.responses.translate import EDGE as RESPONSES
 

@@ -27,7 +27,7 @@ from pflash_lab.bench.harness import parse_overrides
 
 def replay(trace: agent_trace.Trace, parts: dict, max_context: int = 1 << 20) -> list[dict]:
     """One row per step of `trace`, served through a fresh `Compressor` (its own store)."""
-    from pflash.compressor import compression_request, render_request
+    from pflash.flow.request import compression_request, render_request
     from pflash.serving.admission import request_params
     from pflash.serving.chat_completion.serving import parse_chat_request
     from pflash_lab.bench.later_steps import in_process_flow

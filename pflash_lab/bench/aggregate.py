@@ -75,8 +75,8 @@ class Runner:
         self.max_context = max_context
 
     def serve(self, case: AggregateCase):
-        from pflash.compress.rendered import render_chat_prompt
-        from pflash.compressor import compress_in_process
+        from pflash.compress.render.rendered import render_chat_prompt
+        from pflash.flow.in_process import compress_in_process
 
         prompt = render_chat_prompt(self.tokenizer, [{"role": "user", "content": case.content}])
         return compress_in_process(

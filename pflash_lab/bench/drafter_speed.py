@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pflash.compress.query import QueryWindow
+from pflash.compress.plan.query import QueryWindow
 from pflash.spans import Span
 from pflash_lab.corpus.needles import (
     EMBEDDED,

@@ -295,7 +295,7 @@ def random_probe(n_embd: int, width: int):
     LayerNorm and two small matmuls per token, whatever the weights)."""
     import torch
 
-    from pflash.compress.segments import ProbeParams
+    from pflash.compress.plan.segments import ProbeParams
     from pflash.models.probe import ProbeIdentity, ProbeNet, SegmentProbe
 
     torch.manual_seed(0)
@@ -311,7 +311,7 @@ def _score_tiny(model, kind: str, attention: str, n: int):
     """Mass and tap of a tiny drafter over a fixed random prompt (two query windows)."""
     import torch
 
-    from pflash.compress.query import QueryWindow
+    from pflash.compress.plan.query import QueryWindow
     from pflash.compress.scoring import ScoreRequest
     from pflash.config import UNTUNED_SCORING, build_config
     from pflash.models.drafter.scorer import DrafterScorer
@@ -439,7 +439,7 @@ def pipeline_config(plan: Plan, attention: str, embedder_dir: str, max_context: 
 
 def compress_timed(prompt, config, tokenizer, scorer, probe, device: str) -> dict:
     """One compression through the serving flow, split into its stages (ms)."""
-    from pflash.compressor import compress_in_process
+    from pflash.flow.in_process import compress_in_process
 
     clock = StageClock(scorer, probe, device)
     t0 = time.perf_counter()
@@ -471,7 +471,7 @@ def compress_timed(prompt, config, tokenizer, scorer, probe, device: str) -> dic
 def measure_drafter(plan: Plan, budget: Budget, parts: dict) -> list[dict]:
     """The Qwen3-0.6B-shaped drafter over every size and attention (one cold compression
     each, after one small warm-up pass per attention)."""
-    from pflash.compress.rendered import render_completion_prompt
+    from pflash.compress.render.rendered import render_completion_prompt
     from pflash.models.drafter.scorer import DrafterScorer
 
     rows, last = [], {}
@@ -533,7 +533,7 @@ def prefill_seconds(model, ids: tuple[int, ...], chunk: int = 1024) -> float:
 def measure_ttft(plan: Plan, budget: Budget, parts: dict) -> list[dict]:
     """Full vs compressed prefill of the 32B-class target, the drafter (window attention,
     the default) on the same device."""
-    from pflash.compress.rendered import render_completion_prompt
+    from pflash.compress.render.rendered import render_completion_prompt
     from pflash.models.drafter.scorer import DrafterScorer
 
     tok = parts["tokenizer"]

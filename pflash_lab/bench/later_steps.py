@@ -104,7 +104,8 @@ def in_process_flow(parts: dict, max_context: int = 1 << 20):
     """The server's `Compressor` over `parts` (`load_parts`) in this process: the drafter
     and probe called directly, its own view store. `max_context` defaults to one no served
     view is ever cut to (these benches measure the flow, not a target's context)."""
-    from pflash.compressor import Compressor, LocalProbe, LocalStore, local_scorer
+    from pflash.flow.compressor import Compressor
+    from pflash.flow.in_process import LocalProbe, LocalStore, local_scorer
     from pflash.views.adaptive import AdaptiveKeep
     from pflash.views.store import ViewStore
 
@@ -121,8 +122,8 @@ def in_process_flow(parts: dict, max_context: int = 1 << 20):
 
 def run_length(length: int, parts: dict) -> list[Step]:
     """Every step of one conversation of `length` document tokens."""
-    from pflash.compress.encoding_memo import EncodingMemo
-    from pflash.compressor import compression_request, render_request
+    from pflash.compress.text.encoding_memo import EncodingMemo
+    from pflash.flow.request import compression_request, render_request
     from pflash.serving.admission import request_params
     from pflash.serving.chat_completion.serving import parse_chat_request
 

@@ -35,7 +35,7 @@ def plan_chat(tokenizer, messages: list[dict]):
     """Render, plan and key one chat as a request does before the drafter: the prepared
     plan and the seconds each step took."""
     from pflash.compress.pipeline import PromptInput, prepare
-    from pflash.compress.rendered import render_chat_prompt
+    from pflash.compress.render.rendered import render_chat_prompt
     from pflash.config import build_config
     from pflash.views.keys import view_keys
 

@@ -152,8 +152,8 @@ def compare_case(
 ) -> dict:
     """Compress one case from one drafter run with probe segments (`segments` probe, or
     auto: probe when the gate finds enough boundaries) and with fixed chunks."""
-    from pflash.compress.rendered import render_chat_prompt
-    from pflash.compressor import ScoreOnce, compress_in_process
+    from pflash.compress.render.rendered import render_chat_prompt
+    from pflash.flow.in_process import ScoreOnce, compress_in_process
 
     # attention alone: segments are what attention ranks; passage evidence cuts candidates at
     # its own passages (ALGORITHM §4.10), which would make the two segmentations alike

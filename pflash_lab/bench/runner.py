@@ -14,7 +14,7 @@ Per case, turn and method the runner records (`TurnResult`, one JSONL line):
 Two engines run the same loop:
 
 - `InProcessEngine` (quality numbers): the real drafter (`DrafterScorer`) and the real
-  own flow (`pflash.compressor`), the embedded model as the target through
+  own flow (`pflash.flow.compressor`), the embedded model as the target through
   `TransformersTarget` with prefix snapshots off, so every prefill is cold. A keep-ratio
   sweep reuses one drafter pass per turn: the scores do not depend on the ratio, only
   the selection does.
@@ -267,7 +267,7 @@ class InProcessEngine:
         return self.target.max_context
 
     def encode(self, messages: list[dict]) -> tuple[int, ...]:
-        from pflash.compress.chat import render_chat
+        from pflash.compress.render.chat import render_chat
 
         text = render_chat(self.target_tokenizer, messages)
         return tuple(self.target_tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -284,8 +284,8 @@ class InProcessEngine:
     def pflash(self, messages: list[dict], ratios: Sequence[float], trace=None) -> list[Served]:
         """Compress at each ratio with one drafter pass (the scores do not depend on the ratio);
         each ratio's time includes that pass."""
-        from pflash.compress.rendered import render_chat_prompt
-        from pflash.compressor import ScoreOnce, compress_in_process
+        from pflash.compress.render.rendered import render_chat_prompt
+        from pflash.flow.in_process import ScoreOnce, compress_in_process
         from pflash.config import build_config
 
         prompt = render_chat_prompt(self.target_tokenizer, messages)
@@ -358,7 +358,7 @@ class HttpEngine:
         self.target_tokenizer = tokenizer
 
     def encode(self, messages: list[dict]) -> tuple[int, ...]:
-        from pflash.compress.chat import render_chat
+        from pflash.compress.render.chat import render_chat
 
         text = render_chat(self.target_tokenizer, messages)
         return tuple(self.target_tokenizer(text, add_special_tokens=False)["input_ids"])

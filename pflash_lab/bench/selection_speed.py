@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pflash.compress.budget import plan_budget
-from pflash.compress.segments import (
+from pflash.compress.plan.budget import plan_budget
+from pflash.compress.plan.segments import (
     ProbeParams,
     scheduled_chunk_size,
     segment,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pflash.compress.query import QueryWindow
+from pflash.compress.plan.query import QueryWindow
 from pflash.spans import Span
 
 EMBEDDED = "embedded:smollm2-135m"

@@ -39,7 +39,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from pflash.compress.query import QueryWindow
+from pflash.compress.plan.query import QueryWindow
 from pflash.spans import Span
 from pflash_lab.corpus.cases import (
     INSTRUCTION,

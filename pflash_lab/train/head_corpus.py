@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pflash.compress.query import QueryWindow
+from pflash.compress.plan.query import QueryWindow
 from pflash.spans import Span
 from pflash_lab.corpus.cases import (
     BenchCase,
@@ -134,10 +134,10 @@ def rehost(case: BenchCase, paragraphs: Sequence[str], count: CountTokens) -> Be
 def plan_example(case: BenchCase, text: TextSplit, *, tokenizer, config) -> HeadExample:
     """Render turn 0 with the drafter's chat template, plan it with `pipeline.prepare` (the
     serving path), and locate the document and the evidence in drafter tokens."""
-    from pflash.compress.chat import render_chat
-    from pflash.compress.encoding import encode_as_written_with_offsets
     from pflash.compress.pipeline import PromptInput, prepare
-    from pflash.compress.rendered import RenderedPrompt
+    from pflash.compress.render.chat import render_chat
+    from pflash.compress.render.rendered import RenderedPrompt
+    from pflash.compress.text.encoding import encode_as_written_with_offsets
 
     messages = case.messages(0)
     rendered = render_chat(tokenizer, messages)

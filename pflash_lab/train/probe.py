@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pflash.compress.segments import ProbeParams, probe_cuts
+from pflash.compress.plan.segments import ProbeParams, probe_cuts
 from pflash_lab.train.options import options_from_args
 from pflash_lab.train.probe_corpus import LabelledText, documents
 
@@ -143,7 +143,7 @@ class Features:
 def tap_of(scorer, ids: Sequence[int]) -> np.ndarray:
     """The drafter's tap float32 [S, n_embd] for `ids`, through the scorer contract (the
     query is the last token; its mass is computed and ignored)."""
-    from pflash.compress.query import QueryWindow
+    from pflash.compress.plan.query import QueryWindow
     from pflash.compress.scoring import ScoreRequest
     from pflash.spans import Span
 

@@ -110,12 +110,12 @@ def passage_layout(
     """The question and passages serving scores for `ex`: the prompt re-planned from its
     text, the question as `evidence_request` takes it, the document (only) cut into
     passages. None when the document has no passage holding evidence."""
-    from pflash.compress.passage_evidence import (
+    from pflash.compress.evidence.passage_evidence import (
         SEMANTIC_QUESTION_TOKENS,
         evidence_passages,
         evidence_question,
     )
-    from pflash.compress.query import plan_prompt
+    from pflash.compress.plan.query import plan_prompt
     from pflash.spans import decode_ids
 
     plan = plan_prompt(

@@ -141,13 +141,9 @@ def _budget_ratio(tokenizer, adaptive: AdaptiveKeep, **fields) -> float:
     import numpy as np
 
     from pflash.compress.scoring import ScoreResult
-    from pflash.compressor import (
-        Compressor,
-        LocalStore,
-        compression_request,
-        local_scorer,
-        render_request,
-    )
+    from pflash.flow.compressor import Compressor
+    from pflash.flow.in_process import LocalStore, local_scorer
+    from pflash.flow.request import compression_request, render_request
     from pflash.serving.admission import request_params
     from pflash.serving.chat_completion.serving import parse_chat_request
     from pflash.views.store import ViewStore

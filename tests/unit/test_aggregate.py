@@ -1,4 +1,4 @@
-"""Questions about the whole document (pflash/compress/aggregate.py): the detector, and the
+"""Questions about the whole document (pflash/compress/evidence/aggregate.py): the detector, and the
 uniform sample strict selection keeps for them (the gate: test_budget.py).
 
 The scorer in the pipeline tests is a test double of the drafter (a pure function of the
@@ -15,17 +15,17 @@ import numpy as np
 import pydantic
 import pytest
 
-from pflash.compress.aggregate import (
+from pflash.compress.evidence.aggregate import (
     asks_most_frequent,
     bit_reversal_rank,
     classify_question,
     frequent_units,
 )
-from pflash.compress.chat import render_chat
 from pflash.compress.pipeline import PromptInput, prepare, uncompressed
-from pflash.compress.rendered import RenderedPrompt
+from pflash.compress.render.chat import render_chat
+from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
-from pflash.compressor import compress_in_process
+from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
 from pflash.serving.usage import PFlashStats
 

@@ -1,5 +1,5 @@
 """Whole-document questions in prompts formatted as benchmarks and users write them
-(pflash/compress/aggregate.py): a closing answer prefix after the question, a worked example
+(pflash/compress/evidence/aggregate.py): a closing answer prefix after the question, a worked example
 of the same task before the real material, a numbered list flattened to one line.
 
 The scorer is a test double of the drafter that puts all attention on the prompt's first
@@ -13,12 +13,12 @@ from collections import Counter
 
 import numpy as np
 
-from pflash.compress.aggregate import document_units
-from pflash.compress.chat import render_chat
+from pflash.compress.evidence.aggregate import document_units
 from pflash.compress.pipeline import PromptInput, prepare
-from pflash.compress.rendered import RenderedPrompt
+from pflash.compress.render.chat import render_chat
+from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
-from pflash.compressor import compress_in_process
+from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
 
 WORDS = [f"word{chr(97 + i)}{chr(97 + j)}" for i in range(26) for j in range(26)]

@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pflash.compress.aggregate import (
+from pflash.compress.evidence.aggregate import (
     DEFAULT_TOP,
     asked_top,
     bit_reversal_rank,

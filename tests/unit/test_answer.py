@@ -12,7 +12,7 @@ import openai.types
 import openai.types.chat
 
 from pflash.compress.pipeline import Compressed
-from pflash.compressor import Served
+from pflash.flow.compressor import Served
 from pflash.config import build_config
 from pflash.models.target.protocol import GenerationDone, GenerationTimings, TokenDelta
 from pflash.serving.answer import Answers, Call

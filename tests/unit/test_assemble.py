@@ -17,7 +17,7 @@ from pflash.compress.assemble import (
     recall_block,
     recall_text,
 )
-from pflash.compress.encoding import encode_as_written_with_offsets
+from pflash.compress.text.encoding import encode_as_written_with_offsets
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, decode_ids
 

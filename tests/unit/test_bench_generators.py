@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pflash.compress.chat import render_chat
+from pflash.compress.render.chat import render_chat
 from pflash_lab.corpus.cases import (
     INSTRUCTION,
     CaseSpec,

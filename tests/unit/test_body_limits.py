@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pflash.compress.rendered import render_chat_prompt
+from pflash.compress.render.rendered import render_chat_prompt
 from pflash.errors import InvalidRequest, PFlashError
 from pflash.models.target.protocol import SamplingParams
 from pflash.serving.admission import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflash.compress.bridge import (
+from pflash.compress.evidence.bridge import (
     BRIDGE_LIFT,
     MAX_LIFTED,
     adds_fact,
@@ -16,13 +16,13 @@ from pflash.compress.bridge import (
     same_entity,
     second_hop,
 )
-from pflash.compress.chat import render_chat
-from pflash.compress.entity_feedback import LIFT, followed_passages, lift_passages
-from pflash.compress.passage_evidence import part_shares
-from pflash.compress.rendered import RenderedPrompt
+from pflash.compress.evidence.entity_feedback import LIFT, followed_passages, lift_passages
+from pflash.compress.evidence.passage_evidence import part_shares
+from pflash.compress.render.chat import render_chat
+from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
-from pflash.compress.sentences import split_sentences
-from pflash.compressor import compress_in_process
+from pflash.compress.text.sentences import split_sentences
+from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
 from pflash_lab.corpus.cases import CaseSpec, token_counter
 from pflash_lab.corpus.families import generate

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from pflash.compress.budget import (
+from pflash.compress.plan.budget import (
     configured_keep_ratio,
     curve_ratio,
     effective_keep_ratio,
@@ -16,7 +16,7 @@ from pflash.compress.budget import (
     plan_budget_for,
     target_estimate,
 )
-from pflash.compress.query import Plan
+from pflash.compress.plan.query import Plan
 from pflash.config import build_config
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, TokenizedText
@@ -287,7 +287,7 @@ def test_chunk_never_exceeds_the_token_budget_whatever_the_config_says(chunk):
 
 
 def test_fitted_chunk_size_allows_64_tokens_and_keeps_smaller_chunks():
-    from pflash.compress.segments import MIN_CHUNK_TOKENS, fitted_chunk_size
+    from pflash.compress.plan.segments import MIN_CHUNK_TOKENS, fitted_chunk_size
 
     assert fitted_chunk_size(64, 1000) == 64
     assert fitted_chunk_size(512, 140) == 140

@@ -1,4 +1,4 @@
-"""Chat rendering, marker families and turn parsing (pflash/compress/chat.py, reference §5.3).
+"""Chat rendering, marker families and turn parsing (pflash/compress/render/chat.py, reference §5.3).
 
 Prompts are rendered from the Jinja templates in tests/fixtures/templates (one per family,
 written after each family's published format) with the real SmolLM2 tokenizer as the
@@ -12,15 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from pflash.compress.chat import (
+from pflash.compress.render.chat import (
     ChatInput,
     detect_family,
     parse_chat,
     render_chat,
     resolve_marker,
 )
-from pflash.compress.encoding import encode_as_written_with_offsets
-from pflash.compress.rerender import SENTINEL_BEGIN, changed_char_span, locate_content_by_sentinel
+from pflash.compress.render.rerender import (
+    SENTINEL_BEGIN,
+    changed_char_span,
+    locate_content_by_sentinel,
+)
+from pflash.compress.text.encoding import encode_as_written_with_offsets
 from pflash.errors import InvalidRequest
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"

@@ -1,4 +1,4 @@
-"""Code blocks read whole (pflash/compress/code_blocks.py, and its use in passage evidence).
+"""Code blocks read whole (pflash/compress/evidence/code_blocks.py, and its use in passage evidence).
 
 The pure steps on real drafter text (which passages make a function, the text the embedder
 reads for it, how its passages are lifted), then the product flow with a deterministic
@@ -15,8 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pflash.compress.chat import render_chat
-from pflash.compress.code_blocks import (
+from pflash.compress.evidence.code_blocks import (
     BLOCK_MAX_CHARS,
     WHOLE_LIFT,
     CodeBlock,
@@ -24,12 +23,13 @@ from pflash.compress.code_blocks import (
     lift_blocks,
     passage_blocks,
 )
-from pflash.compress.code_headers import code_lines
-from pflash.compress.encoding import encode_as_written_with_offsets
-from pflash.compress.passage_evidence import evidence_passages, passage_signals
-from pflash.compress.rendered import RenderedPrompt
+from pflash.compress.evidence.passage_evidence import evidence_passages, passage_signals
+from pflash.compress.render.chat import render_chat
+from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
-from pflash.compressor import compress_in_process
+from pflash.compress.text.code_headers import code_lines
+from pflash.compress.text.encoding import encode_as_written_with_offsets
+from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
 from pflash.errors import CompressionFailed
 from pflash.spans import Span

@@ -1,9 +1,9 @@
 """The two code-header questions read indentation by one rule and differ only in what
-counts as a header (`pflash.compress.code_headers`)."""
+counts as a header (`pflash.compress.text.code_headers`)."""
 
 from __future__ import annotations
 
-from pflash.compress.code_headers import block_header, code_lines, indent_width
+from pflash.compress.text.code_headers import block_header, code_lines, indent_width
 
 
 def _header_of(text: str, line: str) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pflash.cli import main
-from pflash.compress.chat import render_chat
+from pflash.compress.render.chat import render_chat
 from pflash.config import EMBEDDED_SMOLLM2
 from pflash.serving.usage import PFlashStats
 

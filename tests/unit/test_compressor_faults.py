@@ -16,7 +16,10 @@ import numpy as np
 import pytest
 
 from pflash.compress.scoring import ScoreResult
-from pflash.compressor import Compressor, LocalStore, Once, compression_request, render_request
+from pflash.flow.compressor import Compressor
+from pflash.flow.in_process import LocalStore
+from pflash.flow.parts import Once
+from pflash.flow.request import compression_request, render_request
 from pflash.config import build_config
 from pflash.errors import CompressionFailed, StageUnavailable
 from pflash.serving.admission import request_params
@@ -363,7 +366,7 @@ def test_a_selection_bug_is_never_served_uncompressed_under_bypass(smollm2_token
     def broken_finish(*args, **kwargs):
         raise IndexError("candidate 12 out of range")
 
-    monkeypatch.setattr("pflash.compressor.finish", broken_finish)
+    monkeypatch.setattr("pflash.flow.compressor.finish", broken_finish)
     with pytest.raises(CompressionFailed) as info:
         _run(_uniform_scorer(), None, smollm2_tokenizer, on_drafter_error="bypass")
     assert info.value.stage == "selection"
@@ -375,7 +378,7 @@ def test_an_assembly_failure_keeps_its_stage_and_is_not_bypassed(smollm2_tokeniz
     def broken_finish(*args, **kwargs):
         raise CompressionFailed("assembly", "selection kept no tokens")
 
-    monkeypatch.setattr("pflash.compressor.finish", broken_finish)
+    monkeypatch.setattr("pflash.flow.compressor.finish", broken_finish)
     with pytest.raises(CompressionFailed) as info:
         _run(_uniform_scorer(), None, smollm2_tokenizer, on_drafter_error="bypass")
     assert info.value.stage == "assembly"

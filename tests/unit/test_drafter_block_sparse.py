@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from test_drafter_window import HEAD_LAYER, make_scorer, random_ids, request
 
-from pflash.compress.query import QueryWindow
+from pflash.compress.plan.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest
 from pflash.models.drafter import block_sparse
 from pflash.models.drafter.block_sparse import (

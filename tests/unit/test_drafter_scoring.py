@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import UNTUNED
 
-from pflash.compress.query import QueryWindow
+from pflash.compress.plan.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest, candidate_lifts
 from pflash.config import DrafterScorerPart, build_config
 from pflash.errors import CompressionFailed, ConfigError

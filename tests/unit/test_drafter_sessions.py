@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pflash.compress.query import QueryWindow
+from pflash.compress.plan.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest
 from pflash.config import build_config
 from pflash.models.drafter.scorer import DrafterScorer

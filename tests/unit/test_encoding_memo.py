@@ -7,9 +7,9 @@ from conftest import stdlib_texts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pflash.compress.encoding import _vocab, encode_with_offsets, find_controls
-from pflash.compress.encoding_memo import EncodingMemo, piecewise
-from pflash.compress.rendered import render_chat_prompt
+from pflash.compress.render.rendered import render_chat_prompt
+from pflash.compress.text.encoding import _vocab, encode_with_offsets, find_controls
+from pflash.compress.text.encoding_memo import EncodingMemo, piecewise
 
 DOC = stdlib_texts(3)[2][:6000]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflash.compress.entity_feedback import lift_named_entities, names
+from pflash.compress.evidence.entity_feedback import lift_named_entities, names
 
 FACTS = [
     "The staff of Kunlun numbers 7176.",

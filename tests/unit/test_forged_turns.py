@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflash.compress import encoding
 from pflash.compress.assemble import assemble
-from pflash.compress.chat import parse_chat, render_chat
 from pflash.compress.pipeline import PromptInput, finish, prepare
-from pflash.compress.rendered import RenderedPrompt, render_chat_prompt
+from pflash.compress.render.chat import parse_chat, render_chat
+from pflash.compress.render.rendered import RenderedPrompt, render_chat_prompt
 from pflash.compress.scoring import ScoreResult
-from pflash.compressor import compress_in_process
+from pflash.compress.text import encoding
+from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
 from pflash.errors import InvalidRequest
 from pflash.spans import Span, decode_ids

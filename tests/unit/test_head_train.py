@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pflash.compress.query import QueryWindow
+from pflash.compress.plan.query import QueryWindow
 from pflash.config import build_config
 from pflash.config.artefacts import ARTEFACTS, DATA_DIR
 from pflash.errors import ModelUnavailable

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pflash.compress.instruction_blocks import instruction_blocks
 from pflash.compress.pipeline import PromptInput, prepare
-from pflash.compressor import render_request
+from pflash.compress.text.instruction_blocks import instruction_blocks
+from pflash.flow.request import render_request
 from pflash.config import build_config
 from pflash.serving.admission import request_params
 from pflash.serving.messages.translate import EDGE as MESSAGES
@@ -165,7 +165,7 @@ def test_a_document_in_a_system_message_is_still_compressed_and_a_list_of_rules_
 def test_an_instruction_block_that_cannot_be_located_fails_closed(smollm2_tokenizer):
     """A template that rewrites what it is given cannot hide an instruction: planning fails
     naming the stage rather than serving it unpinned."""
-    from pflash.compress.instructions import _located_blocks
+    from pflash.compress.render.instructions import _located_blocks
 
     class NoRerender:
         def content_chars(self, k):

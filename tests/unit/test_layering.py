@@ -149,12 +149,14 @@ def test_only_the_layers_above_the_edge_import_it():
         if not any(_within(_module_name(path), layer) for layer in above)
     }
     assert {k: v for k, v in offenders.items() if v} == {}
-    assert "pflash.compressor" in import_graph()["pflash.serving.gateway"]
+    assert "pflash.flow.compressor" in import_graph()["pflash.serving.gateway"]
 
 
 def test_no_import_cycle_in_the_repository():
     graph = import_graph()
-    assert "pflash_lab.bench.suite" in graph and "pflash.spans" in graph["pflash.compress.chat"]
+    assert (
+        "pflash_lab.bench.suite" in graph and "pflash.spans" in graph["pflash.compress.render.chat"]
+    )
     assert import_cycles(graph) == []
 
 
@@ -233,3 +235,55 @@ def test_no_two_test_modules_share_a_file_name():
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         assert path.name not in seen, f"{path} and {seen[path.name]}: pytest cannot collect both"
         seen[path.name] = path
+
+
+def _design_rows() -> list[list[str]]:
+    """The import picture of docs/DESIGN.md, top row first: each row's names as dotted
+    module prefixes."""
+    text = (ROOT / "docs" / "DESIGN.md").read_text()
+    start = text.index("**Import direction.**")
+    block = text[
+        text.index("```\n", start) + 4 : text.index("\n```", text.index("```\n", start) + 4)
+    ]
+    rows = []
+    for line in block.splitlines():
+        names = line.strip().split("   ")[0].split()
+        if not names or names[0] == "│":
+            continue
+        dotted = [n.rstrip("/").replace("/", ".") for n in names]
+        rows.append([n if n.split(".")[0] in TOP_PACKAGES else f"pflash.{n}" for n in dotted])
+    return rows
+
+
+def _row_of(module: str, rows: list[list[str]]) -> tuple[int, str] | None:
+    best = None
+    for i, row in enumerate(rows):
+        for name in row:
+            if _within(module, name) and (best is None or len(name) > len(best[1])):
+                best = (i, name)
+    return best
+
+
+def test_the_design_picture_holds_every_import():
+    """Every import of the repository points down the picture of docs/DESIGN.md, or stays
+    within one name of a row (the models' three packages count as one)."""
+    rows = _design_rows()
+    assert len(rows) >= 8
+    unplaced, upward = set(), []
+    for module, targets in import_graph().items():
+        here = _row_of(module, rows)
+        if here is None:
+            unplaced.add(module)
+            continue
+        for target in targets:
+            there = _row_of(target, rows)
+            if there is None:
+                unplaced.add(target)
+                continue
+            same_name = here[1] == there[1] or (
+                _within(here[1], "pflash.models") and _within(there[1], "pflash.models")
+            )
+            if there[0] < here[0] or (there[0] == here[0] and not same_name):
+                upward.append(f"{module} -> {target}")
+    assert upward == []
+    assert unplaced <= {"pflash", "pflash_lab", "pflash_lab.commands", "pflash.commands"}

@@ -1,4 +1,4 @@
-"""Lexical evidence (pflash/compress/lexical.py): anchors, the question pool, the cascade, headers.
+"""Lexical evidence (pflash/compress/evidence/lexical.py): anchors, the question pool, the cascade, headers.
 
 Prompts are built the way users send them (chat messages rendered and planned by
 `prepare` with the real SmolLM2 tokenizer); what is asserted is which text gets anchored.
@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pflash.compress.chat import render_chat
-from pflash.compress.lexical import (
+from pflash.compress.evidence.lexical import (
     LexicalParams,
     find_lexical_evidence,
     is_question_like,
@@ -24,7 +23,8 @@ from pflash.compress.lexical import (
     words,
 )
 from pflash.compress.pipeline import PromptInput, prepare
-from pflash.compress.rendered import RenderedPrompt
+from pflash.compress.render.chat import render_chat
+from pflash.compress.render.rendered import RenderedPrompt
 from pflash.config import build_config
 
 NEEDLE = "The special magic quokka number is: 7318842."

@@ -17,20 +17,20 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pflash.compress import passages as passages_module
-from pflash.compress.code_blocks import BLOCK_MAX_CHARS, block_texts, passage_blocks
-from pflash.compress.code_headers import code_lines
-from pflash.compress.entity_feedback import names
-from pflash.compress.lexical import (
+from pflash.compress.evidence.code_blocks import BLOCK_MAX_CHARS, block_texts, passage_blocks
+from pflash.compress.evidence.entity_feedback import names
+from pflash.compress.evidence.lexical import (
     MAX_QUOTES,
     _question_sentences,
     quoted_patterns,
     split_units,
 )
-from pflash.compress.passage_evidence import HEADER_MAX_CHARS, passage_texts
-from pflash.compress.passages import passages as system_passages
-from pflash.compress.query import last_occurrence
-from pflash.compress.sentences import ends_sentence, opens_sentence, sentence_ends
+from pflash.compress.evidence.passage_evidence import HEADER_MAX_CHARS, passage_texts
+from pflash.compress.plan.query import last_occurrence
+from pflash.compress.render import passages as passages_module
+from pflash.compress.render.passages import passages as system_passages
+from pflash.compress.text.code_headers import code_lines
+from pflash.compress.text.sentences import ends_sentence, opens_sentence, sentence_ends
 from pflash.models.target.hf import StopScanner
 from pflash.serving.tool_calls import ToolCallStream, split_tool_calls
 from pflash.spans import Span, TokenizedText

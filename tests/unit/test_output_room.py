@@ -10,7 +10,8 @@ import asyncio
 import numpy as np
 
 from pflash.compress.scoring import ScoreResult
-from pflash.compressor import Compressor, compression_request, render_request
+from pflash.flow.compressor import Compressor
+from pflash.flow.request import compression_request, render_request
 from pflash.config import build_config
 from pflash.serving.admission import cap_output
 from pflash.serving.chat_completion.serving import parse_chat_request

@@ -1,4 +1,4 @@
-"""Passage evidence in strict selection (pflash/compress/passage_evidence.py).
+"""Passage evidence in strict selection (pflash/compress/evidence/passage_evidence.py).
 
 The pure steps on real drafter text (passages, the question, the mix), then the product flow
 with deterministic scorers that stand in for the drafter's signals: attention on a decoy and
@@ -14,11 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pflash.compress.chat import render_chat
-from pflash.compress.code_headers import code_lines
-from pflash.compress.encoding import encode_as_written_with_offsets
-from pflash.compress.framing import framing_lines
-from pflash.compress.passage_evidence import (
+from pflash.compress.evidence.framing import framing_lines
+from pflash.compress.evidence.passage_evidence import (
     PassageSignal,
     combine_questions,
     evidence_passages,
@@ -34,9 +31,12 @@ from pflash.compress.passage_evidence import (
     whole_sentences,
 )
 from pflash.compress.pipeline import PromptInput, prepare
-from pflash.compress.rendered import RenderedPrompt
+from pflash.compress.render.chat import render_chat
+from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
-from pflash.compressor import compress_in_process
+from pflash.compress.text.code_headers import code_lines
+from pflash.compress.text.encoding import encode_as_written_with_offsets
+from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, subtract
@@ -114,7 +114,7 @@ def test_regions_an_earlier_turn_cut_are_reused_only_where_text_and_tokens_are_u
     drafter2 = encode_as_written_with_offsets(smollm2_tokenizer, later)
     end2 = drafter2.token_at_or_after(len(later) - 10)
     calls = []
-    import pflash.compress.passage_evidence as pe
+    import pflash.compress.evidence.passage_evidence as pe
 
     real = pe._cut_region
     try:

@@ -1,4 +1,4 @@
-"""The compression flow (pflash.compressor) end to end on real tokenizers with deterministic scorers.
+"""The compression flow (pflash.flow) end to end on real tokenizers with deterministic scorers.
 
 The scorers here are test doubles of the drafter (pure functions of the token ids): they
 put attention mass on the needle sentence's tokens, so what is asserted is the pipeline's
@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflash.compress.chat import render_chat
 from pflash.compress.pipeline import PromptInput, prepare
-from pflash.compress.rendered import RenderedPrompt
+from pflash.compress.render.chat import render_chat
+from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
-from pflash.compressor import compress_in_process
+from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
 from pflash.errors import CompressionFailed
 from pflash.trace import TraceWriter, read_traces
@@ -40,7 +40,7 @@ def _chat(tokenizer, system: str = "Answer briefly."):
 
 
 def compress(inp: PromptInput, *, config, target_tokenizer, drafter_tokenizer, scorer, trace=None):
-    """The product flow (`pflash.compressor`) in process for a planned-style input: views
+    """The product flow (`pflash.flow.compressor`) in process for a planned-style input: views
     off (no store), the same prepare → score → finish the server runs."""
     return compress_in_process(
         inp.prompt,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from pflash.cli import main
-from pflash.compress.chat import render_chat
-from pflash.compress.query import plan_prompt
+from pflash.compress.plan.query import plan_prompt
+from pflash.compress.render.chat import render_chat
 from pflash.config import build_config
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"

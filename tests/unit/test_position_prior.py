@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pflash.compress.position_prior import (
+from pflash.compress.evidence.position_prior import (
     SINK_TOKENS,
     distance_bins,
     lift_over_prior,

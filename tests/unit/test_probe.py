@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from pflash.compress.plan.segments import smooth_boundary_logits
 from pflash.compress.scoring import ScoreResult
-from pflash.compress.segments import smooth_boundary_logits
 from pflash.errors import CompressionFailed, ModelUnavailable
 from pflash.models.gguf_io import read_ggml_shapes
 from pflash.models.probe import (

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pflash.compress.segments import ProbeParams
+from pflash.compress.plan.segments import ProbeParams
 from pflash_lab.train.probe import (
     BoundaryScore,
     Features,

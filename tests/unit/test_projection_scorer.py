@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import PARAPHRASED
 
-from pflash.compress.chat import render_chat
-from pflash.compress.rendered import RenderedPrompt
-from pflash.compressor import compress_in_process
+from pflash.compress.render.chat import render_chat
+from pflash.compress.render.rendered import RenderedPrompt
+from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
 from pflash.errors import ModelUnavailable
 from pflash.models.projection import read_projection_gguf, write_projection_gguf
@@ -96,7 +96,7 @@ def test_a_projection_trained_for_another_drafter_file_is_refused_at_start(score
 
 
 def test_projection_scores_come_with_the_attention_and_no_tap_unless_asked(scorer):
-    from pflash.compress.query import QueryWindow
+    from pflash.compress.plan.query import QueryWindow
     from pflash.compress.scoring import ScoreRequest
     from pflash.spans import Span
 
@@ -123,7 +123,7 @@ def test_projection_scores_come_with_the_attention_and_no_tap_unless_asked(score
 def test_a_later_turn_pools_only_the_passages_its_new_rows_touch(scorer, monkeypatch):
     """The second turn of a conversation reuses the pooled passages of its unchanged prefix
     and gives the projection a from-scratch pass gives (same rows, same vectors)."""
-    from pflash.compress.query import QueryWindow
+    from pflash.compress.plan.query import QueryWindow
     from pflash.compress.scoring import ScoreRequest
     from pflash.models import projection
     from pflash.spans import Span

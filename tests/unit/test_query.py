@@ -1,4 +1,4 @@
-"""Query derivation, history windows and pinned spans (pflash/compress/query.py, reference §5.4-§5.6).
+"""Query derivation, history windows and pinned spans (pflash/compress/plan/query.py, reference §5.4-§5.6).
 
 Prompts are real renders of the family templates in tests/fixtures/templates with the
 SmolLM2 tokenizer as target (and drafter, unless a test says otherwise).
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pflash.compress.chat import ChatInput, render_chat
-from pflash.compress.encoding import encode_as_written_with_offsets
-from pflash.compress.query import find_query_window, map_last_occurrence, plan_prompt
-from pflash.compress.rerender import locate_contents
+from pflash.compress.plan.query import find_query_window, map_last_occurrence, plan_prompt
+from pflash.compress.render.chat import ChatInput, render_chat
+from pflash.compress.render.rerender import locate_contents
+from pflash.compress.text.encoding import encode_as_written_with_offsets
 from pflash.config import build_config
 from pflash.errors import CompressionFailed, InvalidRequest
 from pflash.spans import MAX_INSTRUCTION_SPANS, Span
@@ -420,7 +420,7 @@ def test_the_wrapped_rendering_pins_what_per_message_renderings_pin(
         messages = [m for m in messages[:1] if m["role"] == "system"] + messages[-1:]
     tools = TOOLS if shape == "system_first" else None
     wrapped = plan_chat(name, messages, thinking=thinking, tools=tools)
-    monkeypatch.setattr("pflash.compress.rerender.Rerender.contents", lambda self, idx: None)
+    monkeypatch.setattr("pflash.compress.render.rerender.Rerender.contents", lambda self, idx: None)
     per_message = plan_chat(name, messages, thinking=thinking, tools=tools)
     assert wrapped.content == per_message.content
     assert wrapped.instruction_role == per_message.instruction_role
@@ -822,8 +822,8 @@ def test_cross_vocabulary_plans_cover_the_same_text(bpe_tokenizer, name):
 
 
 def _plan_for(tokenizer, user: str, **cfg):
-    from pflash.compress.chat import render_chat
-    from pflash.compress.query import plan_prompt
+    from pflash.compress.plan.query import plan_prompt
+    from pflash.compress.render.chat import render_chat
     from pflash.config import build_config
 
     messages = [{"role": "user", "content": user}]

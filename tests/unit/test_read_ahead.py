@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from conftest import UNTUNED, license_text, serve_turns, tool_step
 
-from pflash.compress.query import QueryWindow
+from pflash.compress.plan.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest, is_skipped_read_ahead
 from pflash.config import build_config
 from pflash.models.drafter.scorer import DrafterScorer

@@ -12,9 +12,9 @@ import collections
 
 import pytest
 
-from pflash.compress.encoding import same_tokenizer
 from pflash.compress.pipeline import PromptInput, prepare
-from pflash.compress.rendered import RenderedPrompt, render_chat_prompt
+from pflash.compress.render.rendered import RenderedPrompt, render_chat_prompt
+from pflash.compress.text.encoding import same_tokenizer
 from pflash.config import build_config
 
 CONFIG = build_config(
@@ -135,7 +135,7 @@ def test_view_keys_read_the_plan_encoding_when_the_drafter_loads_the_targets_tok
 ):
     from transformers import AutoTokenizer
 
-    from pflash.compress import encoding
+    from pflash.compress.text import encoding
     from pflash.views.keys import view_keys
 
     smollm2_tokenizer.save_pretrained(tmp_path)
@@ -155,8 +155,8 @@ def test_view_keys_read_the_plan_encoding_when_the_drafter_loads_the_targets_tok
 def _encoded_head_cut(tokenizer, messages, tools=None):
     """The snapshot cut the long way: the chat without its generation prompt, encoded, and
     its length when it is a token prefix of the prompt."""
-    from pflash.compress.encoding import encode
-    from pflash.compress.rendered import render_chat_controlled
+    from pflash.compress.render.rendered import render_chat_controlled
+    from pflash.compress.text.encoding import encode
 
     full = render_chat_prompt(tokenizer, messages, tools=tools)
     head = render_chat_controlled(tokenizer, messages, tools=tools, add_generation_prompt=False)
@@ -193,7 +193,7 @@ def test_a_generation_prompt_that_opens_with_text_falls_back_to_encoding_the_cha
 ):
     import copy
 
-    from pflash.compress.rendered import prefix_cut, render_chat_controlled
+    from pflash.compress.render.rendered import prefix_cut, render_chat_controlled
 
     plain = copy.deepcopy(smollm2_tokenizer)
     plain.chat_template = (

@@ -10,8 +10,8 @@ from h11._headers import normalize_and_validate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pflash.compress.rendered import RenderedPrompt
-from pflash.compressor import check_prompt_limit
+from pflash.compress.render.rendered import RenderedPrompt
+from pflash.flow.request import check_prompt_limit
 from pflash.config import build_config
 from pflash.errors import InvalidRequest, ModelNotFound
 from pflash.models.target.protocol import SamplingParams

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import UNTUNED
 
-from pflash.compress.query import QueryWindow
+from pflash.compress.plan.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest
 from pflash.config import build_config
 from pflash.errors import ConfigError, ModelUnavailable

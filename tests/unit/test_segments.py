@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflash.compress.segments import (
+from pflash.compress.plan.segments import (
     ProbeParams,
     count_probe_boundaries,
     fixed_grid,

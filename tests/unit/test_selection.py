@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pflash.compress.segments import fixed_grid, structurally_required
+from pflash.compress.plan.segments import fixed_grid, structurally_required
 from pflash.compress.selection import (
     Candidates,
     build_candidates,

@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pflash.compress.budget import plan_budget
-from pflash.compress.segments import ProbeParams, fixed_grid, probe_cuts, split_oversize
+from pflash.compress.plan.budget import plan_budget
+from pflash.compress.plan.segments import ProbeParams, fixed_grid, probe_cuts, split_oversize
 from pflash.compress.selection import (
     Candidates,
     anchor_chunks,

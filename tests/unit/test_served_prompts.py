@@ -40,14 +40,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pflash.compressor import (
-    Compressor,
-    LocalProbe,
-    LocalStore,
-    compression_request,
-    local_scorer,
-    render_request,
-)
+from pflash.flow.compressor import Compressor
+
+from pflash.flow.in_process import LocalProbe, LocalStore, local_scorer
+
+from pflash.flow.request import compression_request, render_request
 from pflash.config import build_config
 from pflash.serving.admission import request_params
 from pflash.serving.chat_completion.serving import parse_chat_request

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pflash.compress.encoding import encode_as_written_with_offsets
+from pflash.compress.text.encoding import encode_as_written_with_offsets
 from pflash.spans import (
     MAX_INSTRUCTION_SPANS,
     Span,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pflash.compress.passages import instruction_ranges, passages
+from pflash.compress.render.passages import instruction_ranges, passages
 
 NEEDLE = "The special magic heron number is: 5520417."
 QUESTION = "What is the special magic heron number?"

@@ -7,9 +7,9 @@ import copy
 import json
 from pathlib import Path
 
-from pflash.compress.chat import render_chat
-from pflash.compress.rendered import render_chat_prompt
-from pflash.compress.tool_prompt import call_text, template_support, tools_block
+from pflash.compress.render.chat import render_chat
+from pflash.compress.render.rendered import render_chat_prompt
+from pflash.compress.render.tool_prompt import call_text, template_support, tools_block
 from pflash.serving.tool_calls import split_tool_calls
 
 TEMPLATES = Path(__file__).parents[1] / "fixtures" / "templates"

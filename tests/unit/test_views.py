@@ -15,17 +15,13 @@ import numpy as np
 import pytest
 
 from pflash.compress.assemble import RECALL_FOOTER, RECALL_HEADER
-from pflash.compress.chat import render_chat
 from pflash.compress.pipeline import PromptInput, finish, prepare
-from pflash.compress.rendered import RenderedPrompt
+from pflash.compress.render.chat import render_chat
+from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
-from pflash.compressor import (
-    Compressor,
-    LocalStore,
-    compression_request,
-    local_scorer,
-    render_request,
-)
+from pflash.flow.compressor import Compressor
+from pflash.flow.in_process import LocalStore, local_scorer
+from pflash.flow.request import compression_request, render_request
 from pflash.config import build_config
 from pflash.errors import CompressionFailed
 from pflash.serving.admission import request_params
@@ -766,7 +762,7 @@ def test_recall_brings_back_the_passage_the_evidence_signals_rank_best():
     selection kept it; recall brings back the kept part of that passage."""
     import dataclasses
 
-    from pflash.compress.passage_evidence import PassageSignal, recalled_evidence
+    from pflash.compress.evidence.passage_evidence import PassageSignal, recalled_evidence
     from pflash.views.decision import recall_spans
 
     passages = (Span(100, 160), Span(300, 340), Span(400, 460), Span(600, 640))
@@ -831,7 +827,7 @@ def test_the_kept_candidates_are_ranked_by_their_mean_score():
     ],
 )
 def test_a_turn_asks_when_it_holds_a_question(turn, asks):
-    from pflash.compress.chat import Turn
+    from pflash.compress.render.chat import Turn
     from pflash.views.decision import _asks
 
     text = f"<|im_start|>user\n{turn}<|im_end|>\n"

@@ -11,7 +11,7 @@ from typing import Literal
 
 import numpy as np
 
-from pflash.compress.segments import Segmentation, structurally_required
+from pflash.compress.plan.segments import Segmentation, structurally_required
 from pflash.spans import Span
 
 SelectMode = Literal["budget_only", "top_p", "top_k"]

@@ -10,7 +10,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from pflash.compress.query import QueryWindow
+from pflash.compress.plan.query import QueryWindow
 from pflash.errors import CompressionFailed
 from pflash.models.drafter.scoring_head import (
     ScoringHead,

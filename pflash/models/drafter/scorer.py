@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from pflash.compress.query import QueryWindow
+from pflash.compress.plan.query import QueryWindow
 from pflash.compress.scoring import ScoreRequest, ScoreResult, skipped_read_ahead
 from pflash.config import DrafterScorerPart
 from pflash.config.artefacts import resolve_artefact

@@ -14,8 +14,12 @@ from typing import Literal
 
 import numpy as np
 
-from pflash.compress.query import Plan
-from pflash.compress.segments import fitted_chunk_size, required_grid_tokens, scheduled_chunk_size
+from pflash.compress.plan.query import Plan
+from pflash.compress.plan.segments import (
+    fitted_chunk_size,
+    required_grid_tokens,
+    scheduled_chunk_size,
+)
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, canonicalize

@@ -19,7 +19,7 @@ signature role markers (not its tool-output markers) count for that choice.
 
 When no family's markers are in the prompt (Llama 3, Mistral, a custom template), the
 latest user message is located by re-rendering it with sentinel strings around its content
-(`compress/rerender.py`), the reference's marker-less fallback.
+(`compress/render/rerender.py`), the reference's marker-less fallback.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pflash.compress.encoding import encode_as_written
+from pflash.compress.text.encoding import encode_as_written
 from pflash.errors import InvalidRequest
 from pflash.message_content import content_text
 from pflash.spans import Span, TokenizedText, decode_ids

@@ -14,20 +14,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pflash.compress import encoding
-from pflash.compress.chat import (
+from pflash.compress.render.chat import (
     ChatInput,
     ChatLayout,
     parse_chat,
 )
-from pflash.compress.instructions import (
+from pflash.compress.render.instructions import (
     add_skeleton,
     instruction_spans,
     tagged_blocks,
     wrapped_indices,
 )
-from pflash.compress.rerender import Rerender
-from pflash.compress.sentences import sentence_ends
+from pflash.compress.render.rerender import Rerender
+from pflash.compress.text import encoding
+from pflash.compress.text.sentences import sentence_ends
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, InvalidRequest
 from pflash.spans import (

@@ -32,7 +32,7 @@ import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 
-from pflash.compress.instruction_blocks import instruction_blocks
+from pflash.compress.text.instruction_blocks import instruction_blocks
 
 TRAILING_INSTRUCTION_CHARS = 300
 _TAG = re.compile(r"<([A-Za-z][\w.-]{0,40})(?:\s[^<>]{0,200})?>")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from pflash.compress.chat import ChatInput, target_text, trim_span
+from pflash.compress.render.chat import ChatInput, target_text, trim_span
 from pflash.errors import CompressionFailed, InvalidRequest
 
 SENTINEL_BEGIN = "__LUCE_PFLASH_CONTENT_BEGIN_02C47F91__"

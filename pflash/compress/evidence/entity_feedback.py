@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pflash.compress.sentences import opens_sentence
+from pflash.compress.text.sentences import opens_sentence
 
 LIFT = 0.9  # a lifted passage scores at least this share of the best passage
 NEAR = 0.9  # names whose summed score is within this share of the best name's are followed

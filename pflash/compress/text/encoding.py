@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pflash.compress.encoding_memo import EncodingMemo, piecewise
+from pflash.compress.text.encoding_memo import EncodingMemo, piecewise
 from pflash.errors import InvalidRequest
 from pflash.spans import TokenizedText, Tokenizer, decode_ids
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pflash.compress.code_headers import code_lines
+from pflash.compress.text.code_headers import code_lines
 from pflash.spans import Span, TokenizedText
 
 # characters of a block's text the embedder is given: ~256 word pieces of code; a longer

@@ -29,27 +29,20 @@ Fail closed: a scorer, probe, mapping, selection or ceiling failure raises
 once the scores are in is selection's (or the stage it names) and is never bypassed. Every
 `pflash_required` string is checked in what is served, whatever served it.
 
-One module of ~670 lines on purpose: the flow (start, finish, the fresh and view paths, the
-context and required checks) reads top-down in one place, and the in-process parts every
-CLI, benchmark and test plugs into it (`local_scorer`, `LocalProbe`, `LocalStore`,
-`ScoreOnce`, `compress_in_process`) sit at its end, next to the protocols they implement.
+The request it takes and the checks on it are in `pflash.flow.request`, the protocols of
+the injected parts in `pflash.flow.parts`, and their in-process versions in
+`pflash.flow.in_process`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
-
-from pflash.background import being_cancelled, detached
-from pflash.compress.budget import configured_keep_ratio
 from pflash.compress.pipeline import (
     Compressed,
     Prepared,
@@ -61,76 +54,30 @@ from pflash.compress.pipeline import (
     scorer_failure_action,
     uncompressed,
 )
-from pflash.compress.rendered import (
-    RenderedPrompt,
-    render_chat_prompt,
-    render_completion_prompt,
-)
-from pflash.compress.scoring import ScoreRequest, ScoreResult, is_skipped_read_ahead
-from pflash.compress.segments import ProbeParams
+from pflash.compress.plan.budget import configured_keep_ratio
+from pflash.compress.scoring import is_skipped_read_ahead
 from pflash.compress.turn_memo import TurnMemo
 from pflash.config import PFlashConfig
-from pflash.errors import CompressionFailed, InvalidRequest, StageUnavailable, runtime_failure
-from pflash.models.target.protocol import SamplingParams
-from pflash.views.decision import View, decide_view, served_result
+from pflash.errors import CompressionFailed, StageUnavailable, runtime_failure
+from pflash.flow.parts import (
+    AsyncScorer,
+    Once,
+    ProbeClient,
+    StoreClient,
+    _cancel,
+    unwrap_remote_error,
+)
+from pflash.flow.request import (
+    CompressionRequest,
+    check_context,
+    check_required,
+)
+from pflash.views.decision import decide_view, served_result
 from pflash.views.keys import view_keys
 
 log = logging.getLogger(__name__)
 
 READ_AHEAD_MAX = 4  # background drafter passes in flight per compressor (`_read_ahead`)
-
-AsyncScorer = Callable[[ScoreRequest, str], Awaitable[ScoreResult]]
-
-
-class ProbeClient(Protocol):
-    """The segment probe: its cut parameters, and unit boundaries for a scored prompt."""
-
-    async def params(self) -> ProbeParams: ...
-
-    async def segment(
-        self, scored: Awaitable[ScoreResult]
-    ) -> tuple[np.ndarray, np.ndarray | None]: ...
-
-
-class StoreClient(Protocol):
-    """Views and adaptive keep ratios, shared by every ingress replica in the Serve app."""
-
-    async def lookup(self, tenant: str, keys: tuple) -> View | None: ...
-
-    async def remember(self, view: View) -> None: ...
-
-    async def keep_ratio(self, session: str, r0: float) -> float: ...
-
-    async def report_acceptance(self, session: str, accept_rate: float, r0: float) -> None: ...
-
-
-@dataclass(frozen=True)
-class CompressionRequest:
-    """One request's inputs to the flow, besides the rendered prompt.
-
-    - `config`: the server config with this request's allowed overrides applied;
-    - `tenant`: whose state (views) this request may see; `conversation`: its affinity key
-      (also the drafter/target session id); `session_id`: the client's own session id
-      (the adaptive keep ratio follows only client-named sessions);
-    - `max_output`: max_tokens (target tokens; 0 when unset);
-    - `keep_text`: the caller needs the served text even when nothing is compressed
-      (pflash_return_prompt), so mode off decodes it;
-    - `keep_ratio`: the request's own `pflash_keep_ratio` (already applied to `config`), or
-      None. A request that names its ratio gets it: the adaptive controller moves only the
-      server's ratio, never one the request set.
-    """
-
-    prompt: RenderedPrompt
-    config: PFlashConfig
-    tenant: str = "anonymous"
-    conversation: str = ""
-    session_id: str | None = None
-    pflash_query: str | None = None
-    pflash_required: tuple[str, ...] = ()
-    max_output: int = 0
-    keep_text: bool = False
-    keep_ratio: float | None = None
-
 
 @dataclass(frozen=True)
 class Served:
@@ -514,272 +461,3 @@ class Compressor:
             return default
 
 
-def render_request(
-    req: Any, kind: str, target_tokenizer: Any, *, memo: Any = None, scope: str = ""
-) -> RenderedPrompt:
-    """The prompt of a parsed API request (`pflash.serving` chat or completion request).
-    `memo` (an `EncodingMemo`) and `scope` (the tenant): a chat's pieces that earlier turns
-    encoded are not encoded again."""
-    if kind == "completion":
-        return render_completion_prompt(target_tokenizer, req.prompt)
-    return render_chat_prompt(
-        target_tokenizer,
-        req.template_messages(),
-        tools=req.template_tools(),
-        template_kwargs=req.chat_template_kwargs,
-        memo=memo,
-        scope=scope,
-    )
-
-
-def compression_request(
-    req: Any, prompt: RenderedPrompt, config: PFlashConfig, tenant: str, params: SamplingParams
-) -> CompressionRequest:
-    """The flow's input for a parsed API request whose `config` has the request's overrides
-    applied (`config.with_request_overrides`). `params`: the sampling parameters the target
-    will be given (`admission.cap_output` applied), so the room planning leaves for the
-    answer is the room the answer is asked to fill."""
-    return CompressionRequest(
-        prompt=prompt,
-        config=config,
-        tenant=tenant,
-        conversation=conversation_key(tenant, req.session_id, prompt.messages, prompt.ids),
-        session_id=req.session_id,
-        pflash_query=req.pflash_query,
-        pflash_required=tuple(req.pflash_required or ()),
-        max_output=params.max_tokens or 0,
-        keep_text=req.pflash_return_prompt,
-        keep_ratio=req.pflash_keep_ratio,
-    )
-
-
-def conversation_key(
-    tenant: str,
-    session_id: str | None,
-    messages: Sequence[Mapping] | None,
-    prompt_ids: tuple[int, ...],
-) -> str:
-    """Affinity key: the client's session id, else tenant + hash of the conversation's start
-    (up to the end of the first user turn), so every turn of a chat maps to the same key."""
-    if session_id:
-        return f"{tenant}:{session_id}"
-    h = hashlib.sha256(tenant.encode())
-    if messages:
-        head = []
-        for m in messages:
-            head.append({"role": m.get("role"), "content": m.get("content")})
-            if m.get("role") == "user":
-                break
-        h.update(json.dumps(head, sort_keys=True, default=str).encode())
-    else:
-        h.update(repr(prompt_ids[:256]).encode())
-    return f"{tenant}:{h.hexdigest()[:24]}"
-
-
-def tenant_of(conversation: str) -> str:
-    """The tenant a conversation key belongs to (`conversation_key` puts it first)."""
-    return conversation.split(":", 1)[0]
-
-
-def check_prompt_limit(prompt: RenderedPrompt, config: PFlashConfig) -> None:
-    """`max_prompt_tokens`: a prompt past what the deployment is sized for is a 400 before
-    any model runs (prompts over the target's context but under it are compressed to fit)."""
-    limit = config.max_prompt_tokens
-    if limit is not None and len(prompt.ids) > limit:
-        raise InvalidRequest(
-            f"the prompt has {len(prompt.ids)} tokens; this server accepts at most {limit} "
-            "(max_prompt_tokens)",
-            param="messages" if prompt.kind == "chat" else "prompt",
-            code="context_length_exceeded",
-        )
-
-
-def check_context(result: Compressed, request: CompressionRequest, max_ctx: int | None) -> None:
-    """The served prompt plus max_tokens must fit the target's context (target tokens)."""
-    if max_ctx is None:
-        return
-    served, max_output = len(result.served_ids), request.max_output
-    if served + max(1, max_output) > max_ctx:
-        raise InvalidRequest(
-            f"the prompt ({served} tokens served of {len(request.prompt.ids)}) plus max_tokens "
-            f"({max_output}) exceeds the context ({max_ctx}); compress it (pflash_mode) or "
-            "shorten it",
-            param="messages" if request.prompt.kind == "chat" else "prompt",
-            code="context_length_exceeded",
-        )
-
-
-def check_required(compressed: Compressed, required: Sequence[str]) -> None:
-    """Every `pflash_required` string occurs in the served text, whatever served it (a fresh
-    selection, a view, the prompt as is). The planner pinned each string it found in the
-    prompt, so one missing here is a bug between plan and target: fail closed (a 500 naming
-    stage `required_check`) rather than let the target answer without it. Strings are taken
-    as the planner takes them (stripped, empty ones ignored). CPython's substring search
-    falls back to the linear two-way algorithm on adversarial input."""
-    for text in required:
-        needle = text.strip()
-        if needle and needle not in compressed.served_text:
-            raise CompressionFailed(
-                "required_check", f"pflash_required {needle[:80]!r} is not in the served prompt"
-            )
-
-
-class Once:
-    """An async value fetched once (the target's context, the probe's parameters): callers
-    that arrive while the fetch is in flight share it, so a burst of first requests makes
-    one remote call, not one each (50 at once overflowed the probe's queue and were refused
-    after waiting out their drafter pass). A failed fetch is not kept: the next caller
-    tries again.
-
-    The fetch belongs to no caller (`pflash.background.detached`): started inside the first
-    request, it died with it when that client gave up, and the next request, already
-    waiting on it, was Serve's bare 500. A caller that is not itself being cancelled never
-    sees a cancellation: a fetch cancelled from elsewhere is `FetchCancelled`, an error its
-    caller maps to its stage."""
-
-    def __init__(self, fetch: Callable[[], Awaitable[Any]]):
-        self._fetch = fetch
-        self._task: asyncio.Future | None = None
-
-    async def __call__(self) -> Any:
-        if self._task is None:
-            self._task = detached(self._fetch)
-        task = self._task
-        try:
-            return await asyncio.shield(task)
-        except BaseException as exc:
-            if task.done() and self._task is task and (task.cancelled() or task.exception()):
-                self._task = None
-            if isinstance(exc, asyncio.CancelledError) and not being_cancelled():
-                raise FetchCancelled("the shared fetch was cancelled") from None
-            raise
-
-
-class FetchCancelled(Exception):
-    """A shared fetch (`Once`) was cancelled while a caller that was not cancelled waited."""
-
-
-def _cancel(response: Any) -> None:
-    """Stop a scorer response nobody will read (a Ray DeploymentResponse or an asyncio
-    future both have `cancel`)."""
-    cancel = getattr(response, "cancel", None)
-    if cancel is not None:
-        cancel()
-
-
-def unwrap_remote_error(exc: BaseException) -> BaseException:
-    """The original exception behind a Ray task error (its attributes intact)."""
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, BaseException) else exc
-
-
-# ---------------------------------------------------------------------------- in process
-
-
-def local_scorer(scorer: Callable[[ScoreRequest], ScoreResult]) -> AsyncScorer:
-    """An in-process drafter (`DrafterScorer`, or any function of a `ScoreRequest`) as the
-    flow's scorer. It runs when called; its result (or exception) is held in a future, which
-    the probe and the flow may both await."""
-
-    def score(request: ScoreRequest, conversation: str) -> Awaitable[ScoreResult]:
-        future = asyncio.get_running_loop().create_future()
-        try:
-            future.set_result(scorer(request))
-        except Exception as exc:  # surfaced where the flow awaits it, as a drafter failure
-            future.set_exception(exc)
-        return future
-
-    return score
-
-
-class LocalProbe:
-    """An in-process segment probe (`models.probe.SegmentProbe`) as a `ProbeClient`."""
-
-    def __init__(self, probe: Callable[[ScoreResult], tuple[np.ndarray, np.ndarray | None]]):
-        self.probe = probe
-
-    async def params(self) -> ProbeParams:
-        return self.probe.params
-
-    async def segment(self, scored: Awaitable[ScoreResult]) -> tuple[np.ndarray, np.ndarray | None]:
-        return self.probe(await scored)
-
-
-class LocalStore:
-    """Views and adaptive keep ratios held in this process (`views.store.ViewStore`,
-    `views.adaptive.AdaptiveKeep`), for the CLI, benchmarks and tests; the Serve app holds
-    the same objects in its SessionStore actor."""
-
-    def __init__(self, views, adaptive=None):
-        self.views = views
-        self.adaptive = adaptive
-
-    async def lookup(self, tenant: str, keys: tuple) -> View | None:
-        return self.views.lookup(tenant, keys)
-
-    async def remember(self, view: View) -> None:
-        self.views.remember(view)
-
-    async def keep_ratio(self, session: str, r0: float) -> float:
-        return r0 if self.adaptive is None else self.adaptive.ratio(session, r0)
-
-    async def report_acceptance(self, session: str, accept_rate: float, r0: float) -> None:
-        if self.adaptive is not None:
-            self.adaptive.report(session, accept_rate, r0)
-
-
-class ScoreOnce:
-    """A scorer that runs the drafter once per distinct request: benchmarks compress one
-    prompt under several configs (keep ratios, selection variants), and the scores depend
-    only on the request (ids, windows, query, scorer kind), never on the budget.
-    `last_ms` is the real pass's wall time, so a reused pass can still be charged to every
-    config's compression time."""
-
-    def __init__(self, scorer: Callable[[ScoreRequest], ScoreResult]):
-        self.scorer = scorer
-        self._key: ScoreRequest | None = None
-        self._result: ScoreResult | None = None
-        self._tapped = False
-        self.last_ms = 0.0
-        self.hit = False
-
-    def __call__(self, request: ScoreRequest) -> ScoreResult:
-        # the tap is extra output, not a different score: a pass with it serves one without;
-        # every other field is in the key (a field left out once reused a pass that lacked
-        # the projection scores a later variant asked for)
-        key = replace(request, want_tap=False)
-        self.hit = (
-            key == self._key and self._result is not None and (self._tapped or not request.want_tap)
-        )
-        if not self.hit:
-            t0 = time.perf_counter()
-            self._result = self.scorer(request)
-            self.last_ms = (time.perf_counter() - t0) * 1000.0
-            self._key, self._tapped = key, request.want_tap
-        return self._result
-
-
-def compress_in_process(
-    prompt: RenderedPrompt,
-    config: PFlashConfig,
-    *,
-    target_tokenizer: Any,
-    drafter_tokenizer: Any,
-    scorer: Callable[[ScoreRequest], ScoreResult],
-    probe: Any = None,
-    trace: Any = None,
-    **request: Any,
-) -> Compressed:
-    """One fresh compression in this process, no views: `Compressor.run` with in-process
-    parts (the benchmark runners and tests compress many prompts this way). `request` are
-    `CompressionRequest` fields (pflash_query, max_output, ...)."""
-    compressor = Compressor(
-        target_tokenizer=target_tokenizer,
-        drafter_tokenizer=drafter_tokenizer,
-        scorer=local_scorer(scorer),
-        probe=LocalProbe(probe) if probe is not None else None,
-        trace=trace,
-        max_context=request.pop("max_context", None),
-    )
-    job = CompressionRequest(prompt=prompt, config=config, keep_text=True, **request)
-    return compressor.run_sync(job).compressed

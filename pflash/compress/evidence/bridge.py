@@ -35,9 +35,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pflash.compress.entity_feedback import names
-from pflash.compress.lexical import STOPWORDS
-from pflash.compress.sentences import opens_sentence
+from pflash.compress.evidence.entity_feedback import names
+from pflash.compress.evidence.lexical import STOPWORDS
+from pflash.compress.text.sentences import opens_sentence
 
 # above entity feedback's `LIFT`: a question's own entity is followed for every signal, and
 # its lifted passages (the works of the same name, 0.9 of the best) otherwise tie with the

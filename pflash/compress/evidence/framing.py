@@ -1,12 +1,12 @@
 """The lines of a prompt that frame its documents instead of stating anything a question asks
 about: labels ("Document 14:") and instructions on the answer. Passage evidence leaves them
-out of its passages (`pflash.compress.passage_evidence.evidence_passages`)."""
+out of its passages (`pflash.compress.evidence.passage_evidence.evidence_passages`)."""
 
 from __future__ import annotations
 
 import re
 
-from pflash.compress.lexical import FORM_VERBS, answers_form
+from pflash.compress.evidence.lexical import FORM_VERBS, answers_form
 
 # a label line: at most 3 words, the first capitalised, closed by a colon ("Document 14:")
 _LABEL = re.compile(r"[A-Z]\w*(?:[ \t]+[\w#()\[\].-]+){0,2}[ \t]*:")

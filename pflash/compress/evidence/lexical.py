@@ -61,9 +61,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
-from pflash.compress.code_headers import block_header
-from pflash.compress.query import Plan
-from pflash.compress.sentences import breaks_sentence, sentence_ends
+from pflash.compress.plan.query import Plan
+from pflash.compress.text.code_headers import block_header
+from pflash.compress.text.sentences import breaks_sentence, sentence_ends
 from pflash.spans import Span, TokenizedText, canonicalize
 
 LexicalMode = Literal["anchors", "cascade"]

@@ -34,7 +34,7 @@ from typing import Literal
 
 import numpy as np
 
-from pflash.compress.lexical import (
+from pflash.compress.evidence.lexical import (
     MAX_NGRAM,
     PHRASE_SCORE,
     AnchoredUnit,
@@ -43,7 +43,7 @@ from pflash.compress.lexical import (
     is_question_like,
     split_units,
 )
-from pflash.compress.query import Plan
+from pflash.compress.plan.query import Plan
 from pflash.compress.selection import Candidates, build_candidates
 from pflash.spans import Span
 

@@ -2,7 +2,7 @@
 
 Instructions are the system and developer messages (but the documents inside them), every
 tool definition, and the instruction blocks agent clients write into user and tool turns
-(`<system-reminder>`, `<environment_context>`: `compress.instruction_blocks`). They are the
+(`<system-reminder>`, `<environment_context>`: `compress.text.instruction_blocks`). They are the
 same across an agent's steps, so the target's prefix cache holds them, and dropping any of
 them breaks the agent rather than speeding it up. Evidence is everything else a turn
 carries (tool results, files, command output, pasted and retrieved documents): that is what
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pflash.compress.chat import ASSISTANT_ROLES, ChatInput, ChatLayout
-from pflash.compress.instruction_blocks import instruction_blocks
-from pflash.compress.passages import passages
-from pflash.compress.rerender import Rerender, deletion_span, with_content
+from pflash.compress.render.chat import ASSISTANT_ROLES, ChatInput, ChatLayout
+from pflash.compress.render.passages import passages
+from pflash.compress.render.rerender import Rerender, deletion_span, with_content
+from pflash.compress.text.instruction_blocks import instruction_blocks
 from pflash.errors import CompressionFailed
 from pflash.spans import MAX_INSTRUCTION_SPANS, Span, TokenizedText, canonicalize
 
@@ -43,7 +43,7 @@ def instruction_spans(
     instruction-role (that group is the dialogue skeleton's, `query._add_skeleton`).
 
     With `passage_chars`, documents inside a system or developer message (tagged blocks,
-    code fences, "Context:" sections, very long paragraphs: `compress.passages`; never an
+    code fences, "Context:" sections, very long paragraphs: `compress.render.passages`; never an
     instruction block) are left out of its pins, so they are scored and dropped like user
     context; None pins every message whole, as the reference does. `tagged`: the
     instruction blocks `tagged_blocks` found, when the caller has them.

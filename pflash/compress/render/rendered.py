@@ -6,8 +6,8 @@ plan, the view keys) reads this object instead of rendering or encoding the prom
 and a drafter with the target's tokenizer reads its encoding as its own. The planner renders
 the chat again only to locate messages inside it, never the prompt itself: one rendering
 with the pinned contents wrapped in sentinels and one without the first message
-(`compress.rerender`). Only the template's own markers become control
-tokens: marker text in a message stays text (`compress.encoding`). A raw completion is its
+(`compress.render.rerender`). Only the template's own markers become control
+tokens: marker text in a message stays text (`compress.text.encoding`). A raw completion is its
 own prompt: text encoded as written, with the tokenizer's special tokens (a BOS where the
 tokenizer adds one), or token ids as sent.
 """
@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
-from pflash.compress.chat import render_chat
-from pflash.compress.encoding import (
+from pflash.compress.render.chat import render_chat
+from pflash.compress.render.tool_prompt import template_support, tools_in_text
+from pflash.compress.text.encoding import (
     ControlledText,
     encode,
     encode_with_offsets,
@@ -30,8 +31,7 @@ from pflash.compress.encoding import (
     mark_strings,
     unmark,
 )
-from pflash.compress.encoding_memo import EncodingMemo
-from pflash.compress.tool_prompt import template_support, tools_in_text
+from pflash.compress.text.encoding_memo import EncodingMemo
 from pflash.errors import InvalidRequest
 from pflash.spans import TokenizedText, Tokenizer, decode_ids
 

@@ -4,7 +4,7 @@ Agent clients write instructions to the model into user and tool turns, not only
 system prompt: Claude Code's `<system-reminder>` blocks (the workspace's git status, its
 rules for commits), Codex's `<environment_context>` and `<user_instructions>` (AGENTS.md),
 and the tool block PFlash writes for a template that cannot render tools
-(`compress.tool_prompt`). They are instructions, so they are served verbatim; what such a
+(`compress.render.tool_prompt`). They are instructions, so they are served verbatim; what such a
 turn holds besides them (the user's words, a file, a command's output) stays evidence.
 
 A block is an opening tag of one of the configured names (`instruction_tags`, with or
