@@ -22,9 +22,9 @@ from deployments.metrics import ServeMetrics
 from deployments.resources import freeze_startup_heap
 from deployments.session_store import SessionStoreClient, views_part
 from pflash.compress.scoring import ScoreRequest
+from pflash.config import PFlashConfig, build_config
 from pflash.flow.compressor import Compressor
 from pflash.flow.request import tenant_of
-from pflash.config import PFlashConfig, build_config
 from pflash.models.source import load_tokenizer
 from pflash.models.target.protocol import SamplingParams
 from pflash.serving.chat_completion.serving import ChatAnswer

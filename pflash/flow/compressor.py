@@ -79,6 +79,7 @@ log = logging.getLogger(__name__)
 
 READ_AHEAD_MAX = 4  # background drafter passes in flight per compressor (`_read_ahead`)
 
+
 @dataclass(frozen=True)
 class Served:
     """What the target is asked to prefill, and where its KV snapshot may be cut (target
@@ -459,5 +460,3 @@ class Compressor:
         except Exception as exc:
             log.warning("session store %s failed (%s); continuing without it", method, exc)
             return default
-
-

@@ -87,5 +87,3 @@ def unwrap_remote_error(exc: BaseException) -> BaseException:
     """The original exception behind a Ray task error (its attributes intact)."""
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, BaseException) else exc
-
-

@@ -51,7 +51,6 @@ class CompressionRequest:
     keep_ratio: float | None = None
 
 
-
 def render_request(
     req: Any, kind: str, target_tokenizer: Any, *, memo: Any = None, scope: str = ""
 ) -> RenderedPrompt:
@@ -160,5 +159,3 @@ def check_required(compressed: Compressed, required: Sequence[str]) -> None:
             raise CompressionFailed(
                 "required_check", f"pflash_required {needle[:80]!r} is not in the served prompt"
             )
-
-

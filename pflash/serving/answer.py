@@ -18,10 +18,10 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel
 
 from pflash.compress.pipeline import Compressed
-from pflash.flow.compressor import Served
-from pflash.flow.request import tenant_of
 from pflash.config import PFlashConfig
 from pflash.errors import CompressionFailed, StageUnavailable
+from pflash.flow.compressor import Served
+from pflash.flow.request import tenant_of
 from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta
 from pflash.serving.envelope import SSE_KEEPALIVE, StreamError, StreamItem, error_envelope
 from pflash.serving.protocol import GenerationRequest, ResponseMeta

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from pflash.flow.parts import unwrap_remote_error
 from pflash.errors import PFlashError, runtime_failure
+from pflash.flow.parts import unwrap_remote_error
 from pflash.serving.validation import invalid_request_from
 
 # Serve writes this logger to the replica's log, where a 5xx's request id finds its cause

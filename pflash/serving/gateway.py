@@ -29,9 +29,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.text.encoding_memo import EncodingMemo
+from pflash.config import PFlashConfig
 from pflash.flow.compressor import Compressor
 from pflash.flow.request import check_prompt_limit, compression_request, render_request
-from pflash.config import PFlashConfig
 from pflash.models.target.protocol import SamplingParams
 from pflash.serving.admission import TokenBound, check_prompt_bound, read_body, request_params
 from pflash.serving.answer import Answer, Answers, Call, Generate, Record

@@ -188,8 +188,8 @@ class AblationEngine:
         """Every variant's served prompt for one chat (one drafter pass per variant group;
         each variant's time includes its group's pass)."""
         from pflash.compress.render.rendered import render_chat_prompt
-        from pflash.flow.in_process import ScoreOnce, compress_in_process
         from pflash.errors import CompressionFailed
+        from pflash.flow.in_process import ScoreOnce, compress_in_process
 
         prompt = render_chat_prompt(self.target_tokenizer, messages)
         ids = prompt.ids

@@ -269,8 +269,8 @@ def run_case(
     import torch
 
     from pflash.compress.render.rendered import render_chat_prompt
-    from pflash.flow.in_process import ScoreOnce, compress_in_process
     from pflash.config import build_config
+    from pflash.flow.in_process import ScoreOnce, compress_in_process
     from pflash.models.drafter.scorer import DrafterScorer
     from pflash.models.loading import load_causal_lm
     from pflash.models.probe import probe_for

@@ -285,8 +285,8 @@ class InProcessEngine:
         """Compress at each ratio with one drafter pass (the scores do not depend on the ratio);
         each ratio's time includes that pass."""
         from pflash.compress.render.rendered import render_chat_prompt
-        from pflash.flow.in_process import ScoreOnce, compress_in_process
         from pflash.config import build_config
+        from pflash.flow.in_process import ScoreOnce, compress_in_process
 
         prompt = render_chat_prompt(self.target_tokenizer, messages)
         ids = prompt.ids

@@ -25,8 +25,8 @@ from pflash.compress.pipeline import PromptInput, prepare, uncompressed
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
-from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
+from pflash.flow.in_process import compress_in_process
 from pflash.serving.usage import PFlashStats
 
 # (question, kind or None): several phrasings per kind, and the fact lookups that share

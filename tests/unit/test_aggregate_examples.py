@@ -18,8 +18,8 @@ from pflash.compress.pipeline import PromptInput, prepare
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
-from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
+from pflash.flow.in_process import compress_in_process
 
 WORDS = [f"word{chr(97 + i)}{chr(97 + j)}" for i in range(26) for j in range(26)]
 REAL_COMMON, EXAMPLE_COMMON = WORDS[:10], WORDS[10:20]

@@ -12,8 +12,8 @@ import openai.types
 import openai.types.chat
 
 from pflash.compress.pipeline import Compressed
-from pflash.flow.compressor import Served
 from pflash.config import build_config
+from pflash.flow.compressor import Served
 from pflash.models.target.protocol import GenerationDone, GenerationTimings, TokenDelta
 from pflash.serving.answer import Answers, Call
 from pflash.serving.chat_completion.serving import ChatAnswer, parse_chat_request

@@ -22,8 +22,8 @@ from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
 from pflash.compress.text.sentences import split_sentences
-from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
+from pflash.flow.in_process import compress_in_process
 from pflash_lab.corpus.cases import CaseSpec, token_counter
 from pflash_lab.corpus.families import generate
 

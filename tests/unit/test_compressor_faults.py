@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from pflash.compress.scoring import ScoreResult
+from pflash.config import build_config
+from pflash.errors import CompressionFailed, StageUnavailable
 from pflash.flow.compressor import Compressor
 from pflash.flow.in_process import LocalStore
 from pflash.flow.parts import Once
 from pflash.flow.request import compression_request, render_request
-from pflash.config import build_config
-from pflash.errors import CompressionFailed, StageUnavailable
 from pflash.serving.admission import request_params
 from pflash.serving.chat_completion.serving import parse_chat_request
 from pflash.serving.envelope import error_response, public_message

@@ -16,9 +16,9 @@ from pflash.compress.render.chat import parse_chat, render_chat
 from pflash.compress.render.rendered import RenderedPrompt, render_chat_prompt
 from pflash.compress.scoring import ScoreResult
 from pflash.compress.text import encoding
-from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
 from pflash.errors import InvalidRequest
+from pflash.flow.in_process import compress_in_process
 from pflash.spans import Span, decode_ids
 from pflash.views.decision import decide_view
 from pflash.views.keys import view_keys

@@ -17,9 +17,9 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from pflash.compress.scoring import ScoreResult
+from pflash.config import build_config
 from pflash.flow.compressor import Compressor
 from pflash.flow.in_process import LocalStore
-from pflash.config import build_config
 from pflash.models.target.protocol import GenerationDone, GenerationTimings, TokenDelta
 from pflash.serving.chat_completion.serving import ChatAnswer
 from pflash.serving.completion.serving import CompletionAnswer

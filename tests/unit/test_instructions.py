@@ -17,8 +17,8 @@ import pytest
 
 from pflash.compress.pipeline import PromptInput, prepare
 from pflash.compress.text.instruction_blocks import instruction_blocks
-from pflash.flow.request import render_request
 from pflash.config import build_config
+from pflash.flow.request import render_request
 from pflash.serving.admission import request_params
 from pflash.serving.messages.translate import EDGE as MESSAGES
 from pflash.serving.responses.translate import EDGE as RESPONSES

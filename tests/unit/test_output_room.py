@@ -10,9 +10,9 @@ import asyncio
 import numpy as np
 
 from pflash.compress.scoring import ScoreResult
+from pflash.config import build_config
 from pflash.flow.compressor import Compressor
 from pflash.flow.request import compression_request, render_request
-from pflash.config import build_config
 from pflash.serving.admission import cap_output
 from pflash.serving.chat_completion.serving import parse_chat_request
 

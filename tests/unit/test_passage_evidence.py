@@ -36,9 +36,9 @@ from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
 from pflash.compress.text.code_headers import code_lines
 from pflash.compress.text.encoding import encode_as_written_with_offsets
-from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
 from pflash.errors import CompressionFailed
+from pflash.flow.in_process import compress_in_process
 from pflash.spans import Span, subtract
 
 # the evidence and a question that shares no content word with it

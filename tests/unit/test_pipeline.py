@@ -14,9 +14,9 @@ from pflash.compress.pipeline import PromptInput, prepare
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
-from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
 from pflash.errors import CompressionFailed
+from pflash.flow.in_process import compress_in_process
 from pflash.trace import TraceWriter, read_traces
 
 NEEDLE = "The special magic quokka number is: 7318842."

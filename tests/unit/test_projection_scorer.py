@@ -13,9 +13,9 @@ from conftest import PARAPHRASED
 
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
-from pflash.flow.in_process import compress_in_process
 from pflash.config import build_config
 from pflash.errors import ModelUnavailable
+from pflash.flow.in_process import compress_in_process
 from pflash.models.projection import read_projection_gguf, write_projection_gguf
 
 pytestmark = pytest.mark.model

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pflash.compress.render.rendered import RenderedPrompt
-from pflash.flow.request import check_prompt_limit
 from pflash.config import build_config
 from pflash.errors import InvalidRequest, ModelNotFound
+from pflash.flow.request import check_prompt_limit
 from pflash.models.target.protocol import SamplingParams
 from pflash.serving.body import MAX_JSON_DEPTH, load_json_body
 from pflash.serving.chat_completion.serving import parse_chat_request

@@ -40,12 +40,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pflash.flow.compressor import Compressor
-
-from pflash.flow.in_process import LocalProbe, LocalStore, local_scorer
-
-from pflash.flow.request import compression_request, render_request
 from pflash.config import build_config
+from pflash.flow.compressor import Compressor
+from pflash.flow.in_process import LocalProbe, LocalStore, local_scorer
+from pflash.flow.request import compression_request, render_request
 from pflash.serving.admission import request_params
 from pflash.serving.chat_completion.serving import parse_chat_request
 from pflash.serving.completion.serving import parse_completion_request

@@ -126,8 +126,8 @@ def test_several_records_get_numbered_pages(tmp_path):
 def test_real_trace_renders_valid_html_containing_every_kept_segment(tmp_path, smollm2_tokenizer):
     from pflash.cli.compress import load_drafter
     from pflash.compress.render.rendered import RenderedPrompt
-    from pflash.flow.in_process import compress_in_process
     from pflash.config import build_config
+    from pflash.flow.in_process import compress_in_process
     from pflash.models.drafter.scorer import DrafterScorer
     from pflash_lab.corpus.cases import CaseSpec, token_counter
     from pflash_lab.corpus.families import generate

@@ -19,11 +19,11 @@ from pflash.compress.pipeline import PromptInput, finish, prepare
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
+from pflash.config import build_config
+from pflash.errors import CompressionFailed
 from pflash.flow.compressor import Compressor
 from pflash.flow.in_process import LocalStore, local_scorer
 from pflash.flow.request import compression_request, render_request
-from pflash.config import build_config
-from pflash.errors import CompressionFailed
 from pflash.serving.admission import request_params
 from pflash.serving.chat_completion.serving import parse_chat_request
 from pflash.serving.envelope import error_response
