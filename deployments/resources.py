@@ -22,8 +22,8 @@ def replica_cpu_share(default: float = 1.0) -> float:
 def torch_threads_for_share(share: float) -> int:
     """At least one thread, at most the CPUs this replica was given (rounded up).
 
-    Two torch processes that each use every core thrash (a 400-token forward went from
-    0.3 s to ~10 s here), so each replica uses only its share.
+    Two torch processes that each use every core thrash (each forward slows many times
+    over), so each replica uses only its share.
     """
     return max(1, min(os.cpu_count() or 1, math.ceil(share - 1e-9)))
 
@@ -46,9 +46,9 @@ def freeze_startup_heap() -> int:
 
     Why: a full collection walks every tracked object, and CPython runs one whenever the
     objects that survived since the last grow by a quarter - every few later steps of a
-    long conversation, which allocate ~100K tuples each. With the ~392K objects a process
-    holding the drafter had after start-up, each took ~190 ms (a question step over 64K
-    tokens in process: 0.6 s, 0.8 s when a full collection fell in it); frozen, 3-8 ms.
+    long conversation, which allocate many tuples each. A process holding the drafter has
+    hundreds of thousands of objects after start-up, so each such collection is a pause of
+    the order of the question step itself; frozen, it walks only what requests allocated.
     Frozen objects are never freed, so only what lives as long as the replica is frozen:
     nothing a request allocates."""
     gc.collect()

@@ -422,7 +422,7 @@ class TraceWriter:
             with contextlib.suppress(FileNotFoundError):  # another writer rotated it
                 os.replace(self.path, f"{self.path}.1")
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
-        elif info.st_mode & 0o077:  # a file written before traces were private
+        elif info.st_mode & 0o077:  # O_CREAT's mode applies to a new file only
             with contextlib.suppress(OSError):
                 os.fchmod(fd, FILE_MODE)
         return fd

@@ -278,15 +278,14 @@ def fit_ceiling(
     the drafter budget is in drafter tokens, the ceiling in target tokens.
 
     The first `max_attempts` are the reference's (scale 1). A one-token overflow then
-    lowers r by ~1/ceiling, too little to drop a 64-token chunk, so every retry rebuilds
-    the same prompt and the request failed (a 500 on about one ~3.5K-token prompt in six at
-    keep 0.1). Up to `extra_attempts` more follow with the overflow doubled each time
+    lowers r by ~1/ceiling, too little to drop a 64-token chunk, so every retry would rebuild
+    the same prompt and the request would fail with a 500. Up to `extra_attempts` more follow with the overflow doubled each time
     (scale 2, 4, 8, ...), until a chunk goes.
 
     `limit` caps the whole served prompt (`n_target_tokens`, join overhead included): the
     target's context minus `max_tokens`. The ceiling leaves the join overhead out (the
-    reference's rule), and with many kept spans (a 128K prompt fitted to an 8K context keeps
-    ~130) that overhead alone overflowed the context; an attempt over `limit` is retried
+    reference's rule), and with many kept spans (a long prompt fitted to a small context)
+    that overhead alone can overflow the context; an attempt over `limit` is retried
     like one over the ceiling.
 
     Contract: the returned attempt is never over the ceiling; when no attempt fits,

@@ -18,9 +18,9 @@ results over that context, by kind:
   of the conversation's start), like drafter sessions and views: one tenant's text never
   serves another's.
 - Bounded: least recently used entries leave first once they hold more than `max_chars`
-  characters of text. A 64K-token conversation counts its text twice (units, passages) and
-  held ~6 MB measured with tracemalloc, plus ~7 MB of the token offsets its passages are
-  keyed by (shared with the request while it runs): ~25 bytes per character counted.
+  characters of text. A conversation counts its text twice (units, passages); with the
+  token offsets its passages are keyed by (shared with the request while it runs), an entry
+  holds about 25 bytes per character counted, the estimate `MAX_CHARS` is sized by.
 """
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ class SelectionConfig(Component):
     )
     select_entity_feedback: bool = Field(
         True,
-        description="With passage evidence (semantic or projection), lift to just below the best passage every passage naming the entity whose passages score best together (a name: a capitalised word never written in lower case, in 3+ passages): a question about one entity that does not name it finds the entity's other facts. On by default (docs/BENCHMARK_NOTEBOOK.md: 97% of the bench families' evidence with passage cuts, against 78% without); false = every passage keeps its own score.",
+        description="With passage evidence (semantic or projection), lift to just below the best passage every passage naming the entity whose passages score best together (a name: a capitalised word never written in lower case, in 3+ passages): a question about one entity that does not name it finds the entity's other facts. On by default: with passage cuts it keeps more of the bench families' evidence than without (docs/BENCHMARK_NOTEBOOK.md); false = every passage keeps its own score.",
     )
     select_passage_cuts: bool = Field(
         True,
@@ -420,7 +420,7 @@ class ScoringConfig(Component):
     )
     semantic_embedder_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
-        description="Precision of the sentence embedder's weights: auto (the default) = bfloat16 on a CPU that has it natively (AVX-512 BF16 or AMX flags), 1.7-1.9x faster there with the same passage ranking (docs/BENCHMARK_NOTEBOOK.md), else float32 (emulated bfloat16 is slower).",
+        description="Precision of the sentence embedder's weights: auto (the default) = bfloat16 on a CPU that has it natively (AVX-512 BF16 or AMX flags), faster there with the same passage ranking (docs/BENCHMARK_NOTEBOOK.md), else float32 (emulated bfloat16 is slower).",
     )
 
     projection_gguf: str | None = Field(

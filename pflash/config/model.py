@@ -92,10 +92,9 @@ def evidence_weights(
 ) -> dict[str, float]:
     """The passage-evidence weights with `auto` resolved: the sentence embedder, sharing half
     and half with the tap projection where a shipped projection fits the drafter's scoring
-    layer: together they found more evidence than either alone on fresh seeds
-    (docs/BENCHMARK_NOTEBOOK.md). A weight the operator set stays as set; an explicit
-    semantic weight keeps an `auto` projection off, so a config written before the
-    projection existed means what it meant."""
+    layer: together they find more evidence than either alone (docs/BENCHMARK_NOTEBOOK.md).
+    A weight the operator set stays as set; an explicit semantic weight keeps an `auto`
+    projection off, so a config that names only the semantic weight gets that signal alone."""
     if projection == "auto":
         projection = 0.5 if projection_fits and semantic == "auto" else 0.0
     if semantic == "auto":

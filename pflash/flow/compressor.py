@@ -234,8 +234,8 @@ class Compressor:
         The result leaves through `out`, not as the task's result: on the main thread
         `asyncio.run` restores the SIGINT handler it installed, and the standard library
         builds the repr of that handler, the finished main task and so its result, on the
-        way: `asyncio.run` took 28-31 ms returning the `Served` of a 32K-token prompt, 0.2-0.4
-        ms returning None (the repr of a 64K one alone takes ~30 ms, built twice a call)."""
+        way: the repr of a long prompt's `Served` is costly and is built twice a call, while
+        returning None costs nothing."""
         out: list[Served] = []
 
         async def run_and_drain() -> None:
@@ -403,8 +403,9 @@ class Compressor:
         background, so the conversation's drafter session and the probe's rows cover it.
 
         Why: otherwise the next turn that needs the drafter (a question, a large tool output)
-        pays for every small addition since the drafter last ran (0.55 s + 1.4 s per 1K such
-        tokens measured on the agent trace), while the full path prefills only the question.
+        pays for every small addition since the drafter last ran (a cost that grows with
+        those tokens; docs/BENCHMARK_NOTEBOOK.md, "Agents"), while the full path prefills only
+        the question.
         Read ahead, each step's drafter cost is paid in the background of the step that adds
         it, as the issue's "a step costs what it adds" asks, and the next turn resumes on its
         own tokens. The result is discarded: what is later selected is computed from the

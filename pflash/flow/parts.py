@@ -43,13 +43,13 @@ class StoreClient(Protocol):
 class Once:
     """An async value fetched once (the target's context, the probe's parameters): callers
     that arrive while the fetch is in flight share it, so a burst of first requests makes
-    one remote call, not one each (50 at once overflowed the probe's queue and were refused
-    after waiting out their drafter pass). A failed fetch is not kept: the next caller
+    one remote call, not one each (a call each can overflow the probe's queue, refusing
+    requests after they waited out their drafter pass). A failed fetch is not kept: the next caller
     tries again.
 
     The fetch belongs to no caller (`pflash.background.detached`): started inside the first
-    request, it died with it when that client gave up, and the next request, already
-    waiting on it, was Serve's bare 500. A caller that is not itself being cancelled never
+    request and owned by it, it would die with it when that client gives up, and the next
+    request, already waiting on it, would get Serve's bare 500. A caller that is not itself being cancelled never
     sees a cancellation: a fetch cancelled from elsewhere is `FetchCancelled`, an error its
     caller maps to its stage."""
 

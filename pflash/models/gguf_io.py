@@ -57,7 +57,7 @@ class GGUFFacts:
 
 
 def read_gguf_facts(path: str | Path) -> GGUFFacts:
-    """Read the guarded facts from a GGUF header (about 10 ms, no tensor data)."""
+    """Read the guarded facts from a GGUF header (the header only, no tensor data)."""
     from transformers.integrations.gguf import read_gguf_metadata
 
     try:

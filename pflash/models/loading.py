@@ -1,8 +1,8 @@
 """Load a causal LM from a GGUF file, a local HF directory, or an embedded package.
 
-A quantized GGUF is dequantized by transformers on load, which takes ~20 s for SmolLM2 on
-this CPU; the converted model is saved once (safetensors, keyed by the file's sha256) in
-the cache so later starts load in about a second. Nothing is ever downloaded.
+A quantized GGUF is dequantized by transformers on load, which is slow; the converted model
+is saved once (safetensors, keyed by the file's sha256) in the cache so later starts load it
+as it is. Nothing is ever downloaded.
 
 GGUF guards (spec/QWEN_GGUF.md). The architecture and shape come from the file's metadata,
 never its name, and three known traps are fixed before the weights are loaded:

@@ -462,14 +462,13 @@ class SegmentProbe:
     (the pipeline's `probe` callable) or `boundaries(tap)` with the tap itself.
 
     `memo`: the per-row logits of the drafter's recent taps, by `ScoreResult.tap_id`. Why:
-    a conversation's later turn sends the whole tap again, and the network over every row
-    is the probe's cost that grows with the conversation (tens of ms per 10K tokens, one
-    thread). The rows a drafter session reused (`scorer_resume`, from the tap its
-    `tap_parent` names) are the very rows the probe read last time, and each row's logits
-    depend on that row alone (norm, fc1, gelu, fc2): only the new rows go through the
-    network, and the smoothing, which looks at neighbours, runs over the whole tap as
-    before. A parent the memo no longer holds (evicted, another replica, a failed call)
-    means every row goes through the network, as without a memo."""
+    a conversation's later turn sends the whole tap again, and the network over every row is
+    the probe's cost that grows with the conversation. The rows a drafter session reused
+    (`scorer_resume`, from the tap its `tap_parent` names) are the very rows the probe read
+    last time, and each row's logits depend on that row alone (norm, fc1, gelu, fc2): only
+    the new rows go through the network, and the smoothing, which looks at neighbours, runs
+    over the whole tap. A parent the memo no longer holds (evicted, another replica, a
+    failed call) means every row goes through the network, as without a memo."""
 
     net: ProbeNet
     params: ProbeParams

@@ -101,8 +101,8 @@ def reused_pooled_rows(
     """`pooled_rows(tap, spans)`, reading from `memo` the spans that end by `reusable_end`.
 
     Why: a conversation's later turn asks for the same passages of its unchanged prefix
-    again, and pooling them is the projection's cost that grows with the conversation
-    (~60 ms at 30K tokens, one thread). `memo` is the conversation's (the drafter session keeps it);
+    again, and pooling them is the projection's cost that grows with the conversation.
+    `memo` is the conversation's (the drafter session keeps it);
     `reusable_end` the rows this pass reused from the session, the only rows known to be
     the ones the memo was pooled from. Each span is pooled on its own, so a remembered
     vector is exactly what pooling it again would give. The memo is left holding this

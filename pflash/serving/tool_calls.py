@@ -51,8 +51,8 @@ def _call(payload: str, names: frozenset[str]) -> dict[str, Any] | None:
 def _blocks(text: str) -> Iterator[tuple[int, int, str]]:
     """(start, end, payload) of each complete block, in order: an opening tag, the first
     closing tag after it, and the stripped text between. A scan with `str.find`, so it
-    is linear in `text`: model output is untrusted, and the backtracking regex this
-    replaces was cubic on an opening tag followed by whitespace and no closing tag."""
+    is linear in `text`: model output is untrusted, and a backtracking regex is cubic on an
+    opening tag followed by whitespace and no closing tag."""
     pos = 0
     while (start := text.find(OPEN, pos)) >= 0:
         inner = start + len(OPEN)

@@ -41,7 +41,7 @@ class PFlashStats(BaseModel):
     is called (0 without a view); `drafter_input_tokens` and
     `kept_tokens` drafter tokens; `compressed_tokens` target tokens served; `served_ratio`
     served / original target tokens on every path (1.0 when served as sent); `keep_ratio`
-    an alias of `served_ratio`, always equal to it (the field's name before the split);
+    an alias of `served_ratio`, always equal to it (kept for clients that read this name);
     `budget_ratio` the keep ratio the budget applied, r0 over droppable tokens (configured,
     curve, adaptive or the request's `pflash_keep_ratio`, after the cap that fits an
     over-long prompt into the context), null when the prompt was served as sent; `segments` candidate segments; `scorer_resume` the token

@@ -4,8 +4,8 @@ Why: "Where was the director of The Tallow Moon educated?" needs two passages. T
 ("The Tallow Moon was directed by Mara Quell.") names the work the question names and is
 found by the question's words; the second ("Quell studied at Velloran College.") is about
 the director, shares no word with the question, and the sentence embedder ranks it among
-every other "studied at" sentence of the text: in the bench's two_hop family the second hop
-fell out of the budget in about half the cases. Entity feedback (`entity_feedback`) follows
+every other "studied at" sentence of the text, so the second hop often falls out of the
+budget (the bench's two_hop family). Entity feedback (`entity_feedback`) follows
 the entity whose passages score best together, which is the question's own entity, not the
 one its passage brings in. Here the best passages that name a name of the question (hop 1)
 are read for the names the question lacks (the bridge: the last such name of each run of
@@ -41,7 +41,7 @@ from pflash.compress.text.sentences import opens_sentence
 
 # above entity feedback's `LIFT`: a question's own entity is followed for every signal, and
 # its lifted passages (the works of the same name, 0.9 of the best) otherwise tie with the
-# second hop and win by position (a two_hop case at 2K lost its second hop so)
+# second hop and win by position, which can leave the second hop out of a short prompt
 BRIDGE_LIFT = 0.95
 HOP1_PASSAGES = 3  # the best passages naming the question's names, read for the bridge
 MAX_LIFTED = 3  # per bridge name: its best-scoring passages lifted

@@ -3,11 +3,11 @@
 Why: a question that describes code in its own words ("which routine merges adjacent and
 overlapping subnets?") is about a function, and the sentence embedder reads the context in
 24-token passages, of which none says what the function does: the header names it, the
-docstring says it in other words, the body does it. The described function's best passage
-ranked first of all passages in 5 of 12 development cases; its whole text, embedded once, came
-first of the functions in 6 and in the first three in 9 (docs/BENCHMARK_NOTEBOOK.md). And an
-answer needs the function, not only its `def` line: ranked passage by passage, the `def` line
-survived keep 0.1 in 11 of 12 cases and the whole function in 1.
+docstring says it in other words, the body does it. The function's whole text, embedded
+once, ranks the described function higher than its best passage does
+(docs/BENCHMARK_NOTEBOOK.md, "Code read, and kept, by the function"). And an answer needs the
+function, not only its `def` line: ranked passage by passage, the `def` line usually survives
+a low keep ratio and the whole function rarely does.
 
 Three pure steps, around the drafter call as the passages are:
 
@@ -107,8 +107,9 @@ def block_texts(drafter: TokenizedText, blocks: Sequence[CodeBlock]) -> tuple[st
 # a small block's passages rise to this share of its best, plus the rest of their own (as
 # `bridge.lift_groups`): the block keeps its own order inside, so where the budget cuts it the
 # best part stays; and it stays below the best passages and `def` lines of blocks nearly as
-# good (at 0.95 the described function's `def` line was lost in 3 of 12 development cases,
-# at 0.8 and 0.7 in 2, with the same 6 whole)
+# good (a lift nearer the best loses the described function's `def` line in more development
+# cases, and a lower one keeps no more blocks whole; docs/BENCHMARK_NOTEBOOK.md, "Code read,
+# and kept, by the function")
 WHOLE_LIFT = 0.8
 
 
@@ -126,7 +127,7 @@ def lift_blocks(
 
     Why: selection ranks passages, and a described function's docstring wins a place while
     its `def` line and body lose theirs to near misses: ranked passage by passage, the whole
-    function survived keep 0.1 in 1 of 12 bench cases. Lifted together, the function the
+    function rarely survives a low keep ratio. Lifted together, the function the
     question is about is kept as a whole where the budget holds it. A block larger than
     `whole_tokens` would spend the budget on its first lines: only the block score lifts
     it, and its best passages rank as they are."""

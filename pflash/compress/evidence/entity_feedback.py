@@ -3,14 +3,14 @@
 Why: a question about one entity often does not name it ("About the firm described above:
 who founded it? How large is its staff?"). The sentence embedder ranks each fact well for
 its own part of the question, but a short fact naming the firm competes with near-miss
-sentences about other firms, vessels and leases, and several facts fall out of the budget
-(the bench's aggregation family: facts at rank 40-90 of 390 passages). Together, though, the
-passages naming the firm answer the question better than those naming any other name: the
-sum of a name's passage scores picks the entity out. This is the pseudo-relevance feedback
-of classic retrieval, restricted to names so that it follows an entity, not a topic. It only
-ever raises scores, and only for a name whose passages score well on average (`MIN_MEAN` of
-the best passage): an exception name scattered through code (`ValueError`, mean 0.35 in a
-described-code case) is not followed, and a question not about an entity pays nothing.
+sentences about other firms, vessels and leases, and several facts rank too low for the
+budget (the bench's aggregation family). Together, though, the passages naming the firm
+answer the question better than those naming any other name: the sum of a name's passage
+scores picks the entity out. This is the pseudo-relevance feedback of classic retrieval,
+restricted to names so that it follows an entity, not a topic. It only ever raises scores,
+and only for a name whose passages score well on average (`MIN_MEAN` of the best passage):
+an exception name scattered through code (`ValueError`, whose passages score well under that
+in a described-code case) is not followed, and a question not about an entity pays nothing.
 
 A name is a capitalised word (`Kunlun`, `McAllister`) that appears at least once other than
 at the start of a sentence or line, never in lower case, and in at least `MIN_PASSAGES` and

@@ -3,8 +3,8 @@
 Why: attention at the drafter's scoring layer does not connect a paraphrased question to its
 evidence (docs/BENCHMARK_NOTEBOOK.md, the paraphrased families). Two signals can, each scored per passage of the text
 before the question and mixed into the token scores (a third, question likelihood as in
-LongLLMLingua's coarse ranking, moved retention little at 3-4x the compression time and was
-removed; docs/BENCHMARK_NOTEBOOK.md):
+LongLLMLingua's coarse ranking, is left out: it moves retention little for several times the
+compression time; docs/BENCHMARK_NOTEBOOK.md):
 
 - **semantic** (`select_semantic_weight`): a sentence embedder trained to pair questions
   with the passages that answer them (`pflash.models.embedder`); cosine of question and
@@ -178,8 +178,8 @@ def evidence_passages(
 
 def region_key(drafter: TokenizedText, region: Span, max_tokens: int) -> tuple:
     """What a region's passages are a function of: its bounds, the passage length, its text
-    and its tokens' character offsets (hashing them costs ~3 ms at 64K tokens; cutting
-    the region again ~25 ms)."""
+    and its tokens' character offsets (hashing them costs a fraction of cutting the region
+    again)."""
     c0, c1 = drafter.char_span(region)
     return (
         region.begin,
@@ -481,10 +481,9 @@ def _follow_entities(
     passages (the embedder's and the tap projection's) lift the passages of the same names,
     picked by the sentence embedder where it scored these passages, else by the signals'
     weighted mean. Why one pick, the embedder's: on the share scale the projection's best
-    names were the distractor leases in both aggregation cases looked at, and its own lift
-    (to 0.9 of its best raw cosine, before the share scale) was a lift to about its median
-    passage; with the embedder's pick for both, aggregation on a fresh seed kept 118 of 120
-    facts against 112 with each signal's own (docs/BENCHMARK_NOTEBOOK.md). The same pick
+    names are distractors in the aggregation cases, and its own lift (to 0.9 of its best raw
+    cosine, before the share scale) lifts to about its median passage; the embedder's pick
+    for both keeps more aggregation facts than each signal's own (docs/BENCHMARK_NOTEBOOK.md). The same pick
     follows the second hop of `question` (`bridge.second_hop`)."""
     out = list(checked)
     groups: dict[tuple[Span, ...], list[int]] = {}
@@ -558,9 +557,9 @@ def recalled_evidence(signals: Sequence[PassageSignal], kept: Sequence[Span]) ->
 
     Why: recall (§6.2) brings back what a new question attends to, and the drafter's
     attention does not reach a passage that answers the question in other words; these
-    passages are the ones the evidence signals found for it. In the agent benchmark a
-    question worded without its tool output's words lost that output from the view while
-    a fresh compression kept it. Only what the fresh selection kept is returned, so recall
+    passages are the ones the evidence signals found for it. Without them, a question worded
+    without its tool output's words loses that output from the view while a fresh
+    compression keeps it (the agent benchmark). Only what the fresh selection kept is returned, so recall
     never adds what a fresh compression of the same prompt would drop."""
     out: list[Span] = []
     for signal in signals:

@@ -62,7 +62,7 @@ def lift_over_prior(mass: np.ndarray, query_begin: int) -> np.ndarray:
     """Per-token scores: context mass / prior, times the context's mean mass (same scale).
 
     Tokens at or after `query_begin` (the question, pins, agent-loop suffix candidates) keep
-    their raw mass; they are ranked by the selector as before.
+    their raw mass, which is what the selector ranks them by.
     """
     mass = np.asarray(mass, dtype=np.float64)
     out = mass.copy()

@@ -56,8 +56,8 @@ MIN_CHUNK_TOKENS = 64
 def fitted_chunk_size(chunk_size: int, token_budget: int) -> int:
     """The chunk size cut to the token budget (drafter tokens): a pin makes its whole chunk
     mandatory, so a chunk larger than the budget turns every pinned question or system line
-    into more than the whole budget (a 1.4K-token chat at keep 0.1 with 512-token chunks
-    kept 0.67 of its prompt). A chunk of `MIN_CHUNK_TOKENS` is always allowed (shorter ones
+    into more than the whole budget (a short chat at a low keep ratio with large chunks
+    keeps most of its prompt). A chunk of `MIN_CHUNK_TOKENS` is always allowed (shorter ones
     cut sentences apart), and a configured smaller chunk is kept as it is."""
     return min(chunk_size, max(MIN_CHUNK_TOKENS, token_budget))
 

@@ -230,8 +230,8 @@ def add_skeleton(
     does a system turn no client message is in (the template's default system prompt, e.g.
     SmolLM2's). A client's system message is pinned by its own spans, its documents left
     out; its header is pinned here, so a served prompt never opens with a system message's
-    text but no `<|im_start|>system` (the attention sink used to keep it; passage evidence
-    does not). Turns are added newest first and the skeleton stops before the canonical list
+    text but no `<|im_start|>system` (the header is the attention sink, which raw attention
+    scores keep and passage evidence does not). Turns are added newest first and the skeleton stops before the canonical list
     would exceed the 64-span limit, so a long conversation keeps its recent skeleton instead
     of failing validation.
     """

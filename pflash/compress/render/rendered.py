@@ -184,8 +184,8 @@ def prefix_cut(tokenizer, encoded: TokenizedText, head: ControlledText) -> int |
     control token of the full encoding starts where it ends, every piece of `head` sits
     between the same control tokens in both texts except its last one, which there meets a
     control token and here the end of the text. That last piece (from `head`'s last
-    control token on) is encoded again and compared. Re-encoding the whole conversation for
-    this cut was the second of two full tokenizations per request (~90 ms at 32K tokens).
+    control token on) is encoded again and compared. Why: re-encoding the whole conversation
+    for this cut would be a second full tokenization per request.
     """
     end = len(head.text)
     full = encoded.text

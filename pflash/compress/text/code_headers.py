@@ -97,11 +97,11 @@ def code_lines(text: str, begin: int, end: int) -> tuple[tuple[int, ...], tuple[
     A signature over several lines (`def f(\n    size: int,\n) -> T:`) is part of its
     header: lines while its brackets are open (at most `SIGNATURE_LINES`) belong to the
     definition and close no block, though `)` sits at the header's indentation. Why: typed
-    library code writes most signatures this way, and the body after it was read as outside
-    any block (Jinja2's `create_cache`).
+    library code writes most signatures this way, and without it the body after one reads as
+    outside any block (Jinja2's `create_cache`).
 
-    Memoized (the last two texts): every passage signal of a request reads the code lines
-    of the same prompt text, which at 32K tokens took ~10 ms a scan, four scans a turn."""
+    Memoized (the last two texts): every passage signal of a request (four a turn) reads the
+    code lines of the same prompt text, and a scan of a long prompt is too slow to repeat."""
     starts: list[int] = []
     headers: list[int] = []
     stack: list[tuple[int, int]] = []  # (indent, header char)

@@ -257,7 +257,7 @@ def encode_with_offsets(
     """`text` encoded with character offsets, only `controls` as control tokens.
 
     A control range whose text is not a control token of this tokenizer (a target marker
-    the drafter does not have) is plain text here, as it always was. The result carries
+    the drafter does not have) is plain text here, as this tokenizer reads it. The result carries
     `controls` (all of them, in the text's characters) for the stages that read turns.
     With `memo` (and `scope`, the tenant), pieces between control tokens that an earlier
     request encoded are not encoded again (`encoding_memo`; the same ids and offsets).

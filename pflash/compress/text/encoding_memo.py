@@ -1,7 +1,7 @@
 """Encodings of a conversation's unchanged pieces, kept from one turn to the next.
 
-Every turn of a chat renders the whole conversation again and encodes it: ~90 ms of
-tokenizer at 32K tokens (~0.4 s at 128K) on every step of an agent, compressed or not. An
+Every turn of a chat renders the whole conversation again and encodes it: a tokenizer pass
+that grows with the conversation, on every step of an agent, compressed or not. An
 HF fast tokenizer takes control tokens out of the text first and encodes the pieces between
 them on their own, so a piece an earlier turn sent encodes the same now. `EncodingMemo`
 keeps the encodings of long pieces and encodes only the rest, in one batch.

@@ -28,7 +28,7 @@ CLOSERS = "\"')]"  # may follow a sentence mark and still end the sentence: `"Wh
 OPENERS = "\"'([*#>-"
 
 # a match starts only at the first mark of a run: tried from every mark of a long run of
-# "." or "!" that no space follows, the pattern was quadratic in the run
+# "." or "!" that no space follows, the pattern would be quadratic in the run
 _SENTENCE_END = re.compile(r"(?<![.!?])[.!?]++[\"')\]]*+(?=\s)")
 _SENTENCE_SPLIT = re.compile(r"(?<=[.?!])\s+|\n+")
 _SENTENCE_BREAK = re.compile(r"[.!?:;\n]")
@@ -46,8 +46,8 @@ def ends_sentence(piece: str) -> bool:
     """`piece` ends a sentence or a line: its last visible characters are a sentence mark
     (`CLOSERS` after it aside), or its trailing whitespace holds a newline. Unlike
     `sentence_ends`, nothing need follow: the piece was already cut (a passage), and the
-    next one may start with its own space. A scan from the end (the pattern `\\n\\s*$`
-    searched was quadratic in a run of newlines)."""
+    next one may start with its own space. A scan from the end (a search for the pattern
+    `\\n\\s*$` is quadratic in a run of newlines)."""
     body = piece.rstrip()
     if "\n" in piece[len(body) :]:
         return True
@@ -65,7 +65,7 @@ def opens_sentence(text: str, at: int) -> bool:
     """Whether a word at `at` opens a sentence or a line: only whitespace and `OPENERS`
     stand between it and the text's start, a newline, or a ".!?:;" (a sentence mark may be
     followed by a closing quote or bracket). A scan back over those marks, so each character is read
-    once per word it precedes: searching the whole text before every word was quadratic."""
+    once per word it precedes: searching the whole text before every word would be quadratic."""
     j = at
     while j > 0 and (text[j - 1].isspace() or text[j - 1] in OPENERS):
         j -= 1

@@ -207,8 +207,8 @@ def window_probs(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, sca
     Yields (keys slice, probs [H, n, B]) over the visible keys in order. When the whole
     window's logits fit `HELD_LOGITS` (a later turn's few rows over a long prompt), one
     product and one fused softmax over all of them: computing them block by block in two
-    passes cost three times as much (two exp passes and a finiteness scan over ~9M logits
-    at 32K tokens). Otherwise two passes over key blocks, a running log-sum-exp per (head,
+    passes costs several times as much (two exp passes and a finiteness scan over every
+    logit). Otherwise two passes over key blocks, a running log-sum-exp per (head,
     row) and then each block's probabilities, so memory is one block of logits whatever S
     is. Non-finite logits give non-finite probabilities: the callers check their sums.
     """

@@ -14,11 +14,11 @@ from pflash.models.loading import LoadedModel
 
 log = logging.getLogger(__name__)
 
-# Generic profile head layer as a fraction of depth, measured on SmolLM2-135M (30 layers)
-# with `python -m pflash_lab.bench.drafter_speed --sections layers --layer-prompts 18`: 2K-token
-# needle prompts in real prose, needle chunk in the top 10% of 64-token chunks for
-# 18/18 prompts at layer 17, 17/18 at 18, 12/18 at 16, at most 8/18 at layers 0..15
-# (layer 13, "about 45%", 5/18). Layer 17 costs 17/30 of a full forward.
+# Generic profile head layer as a fraction of depth: layer 17 of SmolLM2-135M's 30, the
+# shallowest layer that ranks the needle chunk near the top of every needle prompt in
+# `python -m pflash_lab.bench.drafter_speed --sections layers --layer-prompts 18`; shallower
+# layers miss it on more prompts, and a deeper one costs more (layer L costs L/30 of a full
+# forward) without finding more.
 GENERIC_HEAD_FRACTION = 0.57
 QWEN3_REFERENCE = {"hidden_size": 1024, "num_hidden_layers": 28}
 QWEN35_REFERENCE = {"hidden_size": 1024, "num_hidden_layers": 24}

@@ -72,8 +72,8 @@ def extend_rows(buffer, length: int, prefix: int, parts: list):
     view of the buffer's first rows.
 
     A session's keys and tap grow by a turn's few rows while they cover the whole
-    conversation: copying all of them each turn made a later turn cost O(conversation) (~35
-    ms at 32K tokens). When the session resumes at its full length (`prefix == length`) and
+    conversation: copying all of them each turn would make a later turn cost
+    O(conversation). When the session resumes at its full length (`prefix == length`) and
     the buffer has room, the new rows are written after the used ones in place: rows past
     `length` belong to nobody (an earlier result or view ends at its own length), so nothing
     anyone holds changes. Otherwise a new buffer: exactly the rows on a first pass, a quarter

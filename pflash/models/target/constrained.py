@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 class FormatGuide:
     """The grammar side of one target: its tokenizer as llguidance reads it, built on the
-    first request that asks for a format (~2 s for a 49K vocabulary), then shared."""
+    first request that asks for a format (for a large vocabulary, too slow to build per
+    request), then shared."""
 
     def __init__(self, tokenizer: Any, n_vocab: int, eos_ids: Iterable[int]):
         self.tokenizer = tokenizer
