@@ -25,7 +25,7 @@ from ray import serve
 
 from pflash.config import PFlashConfig, ViewsConfig, build_part
 from pflash.views.adaptive import AdaptiveKeep
-from pflash.views.decision import View
+from pflash.views.records import View
 from pflash.views.store import ViewStore
 
 

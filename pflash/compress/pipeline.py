@@ -27,14 +27,10 @@ import numpy as np
 
 from pflash.compress.assemble import Assembly, assemble, fit_ceiling
 from pflash.compress.evidence import passage_evidence
-from pflash.compress.evidence.aggregate import (
-    AggregateQuestion,
-    asked_text,
-    classify_question,
-    stratified_selection,
-)
+from pflash.compress.evidence.aggregate import AggregateQuestion, asked_text, classify_question
 from pflash.compress.evidence.lexical import LexicalEvidence, LexicalParams, find_lexical_evidence
 from pflash.compress.evidence.position_prior import lift_over_prior
+from pflash.compress.evidence.stratified import stratified_selection
 from pflash.compress.plan.budget import BudgetPlan, configured_keep_ratio, plan_budget_for
 from pflash.compress.plan.query import Plan, plan_prompt
 from pflash.compress.plan.segments import ProbeParams, segment
@@ -104,7 +100,7 @@ class Prepared:
     # selects that part on its own (`Compressed.part_spans`, ALGORITHM.md §6.1 step 9)
     part_begin: int = 0
     # a question about the whole document (aggregate.py): auto serves it whole, always
-    # selects a uniform sample of the document's units
+    # selects a uniform sample of the document's units (stratified.py)
     question: AggregateQuestion | None = None
 
 

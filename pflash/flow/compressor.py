@@ -72,8 +72,9 @@ from pflash.flow.request import (
     check_context,
     check_required,
 )
-from pflash.views.decision import decide_view, served_result
+from pflash.views.decision import decide_view
 from pflash.views.keys import view_keys
+from pflash.views.records import served_result
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from pflash.config import PFlashConfig
 from pflash.flow.compressor import Compressor
 from pflash.flow.parts import AsyncScorer
 from pflash.flow.request import CompressionRequest
-from pflash.views.decision import View
+from pflash.views.records import View
 
 
 def local_scorer(scorer: Callable[[ScoreRequest], ScoreResult]) -> AsyncScorer:

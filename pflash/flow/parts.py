@@ -13,7 +13,7 @@ import numpy as np
 from pflash.background import being_cancelled, detached
 from pflash.compress.plan.segments import ProbeParams
 from pflash.compress.scoring import ScoreRequest, ScoreResult
-from pflash.views.decision import View
+from pflash.views.records import View
 
 AsyncScorer = Callable[[ScoreRequest, str], Awaitable[ScoreResult]]
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pflash.models.target.protocol import GenerationTimings
-from pflash.views.decision import ViewMode
+from pflash.views.records import ViewMode
 
 
 class ViewStats(BaseModel):

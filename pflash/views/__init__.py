@@ -1,2 +1,3 @@
-"""Multi-turn views: the view record and the per-turn decision (`decision`), the store keys
-(`keys`), the bounded per-tenant store (`store`) and the adaptive keep controller."""
+"""Multi-turn views: the view and decision records (`records`), the per-turn decision
+(`decision`), the store keys (`keys`), the bounded per-tenant store (`store`) and the adaptive
+keep controller."""

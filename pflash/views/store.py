@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from pflash.config import PFlashConfig
-from pflash.views.decision import View
 from pflash.views.keys import PrefixHash
+from pflash.views.records import View
 
 _Key = tuple[str, int, str]  # (tenant, prefix length in target tokens, digest)
 

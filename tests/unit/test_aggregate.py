@@ -1,5 +1,6 @@
-"""Questions about the whole document (pflash/compress/evidence/aggregate.py): the detector, and the
-uniform sample strict selection keeps for them (the gate: test_budget.py).
+"""Questions about the whole document: the detector (pflash/compress/evidence/aggregate.py),
+and the uniform sample strict selection keeps for them (stratified.py; the gate:
+test_budget.py).
 
 The scorer in the pipeline tests is a test double of the drafter (a pure function of the
 prompt): it puts all attention on the first lines of a list, as a drafter's recency and
@@ -15,12 +16,8 @@ import numpy as np
 import pydantic
 import pytest
 
-from pflash.compress.evidence.aggregate import (
-    asks_most_frequent,
-    bit_reversal_rank,
-    classify_question,
-    frequent_units,
-)
+from pflash.compress.evidence.aggregate import asks_most_frequent, classify_question
+from pflash.compress.evidence.stratified import bit_reversal_rank, frequent_units
 from pflash.compress.pipeline import PromptInput, prepare, uncompressed
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt

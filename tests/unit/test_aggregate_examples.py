@@ -1,6 +1,7 @@
 """Whole-document questions in prompts formatted as benchmarks and users write them
-(pflash/compress/evidence/aggregate.py): a closing answer prefix after the question, a worked example
-of the same task before the real material, a numbered list flattened to one line.
+(pflash/compress/evidence/aggregate.py, stratified.py): a closing answer prefix after the
+question, a worked example of the same task before the real material, a numbered list
+flattened to one line.
 
 The scorer is a test double of the drafter that puts all attention on the prompt's first
 tokens (the worked example), so what is asserted is the pipeline's own sample.
@@ -13,7 +14,7 @@ from collections import Counter
 
 import numpy as np
 
-from pflash.compress.evidence.aggregate import document_units
+from pflash.compress.evidence.stratified import document_units
 from pflash.compress.pipeline import PromptInput, prepare
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt

@@ -9,13 +9,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pflash.compress.evidence.aggregate import (
-    DEFAULT_TOP,
-    asked_top,
-    bit_reversal_rank,
-    classify_question,
-    proportional_order,
-)
+from pflash.compress.evidence.aggregate import DEFAULT_TOP, asked_top, classify_question
+from pflash.compress.evidence.stratified import bit_reversal_rank, proportional_order
 
 VOCAB = [f"word{i:03d}" for i in range(200)]
 

@@ -6,8 +6,8 @@ import pytest
 
 from pflash.config import build_config
 from pflash.spans import Span
-from pflash.views.decision import View
 from pflash.views.keys import boundary_hashes, token_digest
+from pflash.views.records import View
 from pflash.views.store import ViewStore
 
 RAW = tuple(range(5000, 5100))  # target tokens of one growing conversation

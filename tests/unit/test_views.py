@@ -29,8 +29,9 @@ from pflash.serving.chat_completion.serving import parse_chat_request
 from pflash.serving.envelope import error_response
 from pflash.serving.usage import PFlashStats
 from pflash.spans import Span, decode_ids, subtract, union
-from pflash.views.decision import decide_view, served_result
+from pflash.views.decision import decide_view
 from pflash.views.keys import boundary_hashes, token_digest, view_keys
+from pflash.views.records import served_result
 from pflash.views.store import ViewStore
 
 NEEDLE = "The special magic quokka number is: 7318842."
@@ -702,7 +703,7 @@ def _recall_case(kept, lifts, **evidence):
     import dataclasses
 
     from pflash.compress.pipeline import Compressed
-    from pflash.views.decision import View
+    from pflash.views.records import View
 
     fields = {f.name: None for f in dataclasses.fields(View)}
     view = View(**{**fields, "spans": (Span(0, 50),), "drafter_gen_begin": 900})
