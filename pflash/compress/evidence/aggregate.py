@@ -17,7 +17,7 @@ Two pure parts:
   text"); "how many employees does Acme have?" is a fact lookup. A linear scan over words,
   no regex with backtracking over the question.
 - `stratified_candidates`: candidates that tile the prompt at its units (lines, sentences,
-  list items: `lexical.split_units`), scored so that any prefix of their ranking is an
+  list items: `words.split_units`), scored so that any prefix of their ranking is an
   evenly spread sample (a bit-reversal order of the units). The strict selector, which
   fills by rank whatever the budget of the current ceiling attempt, therefore keeps every
   k-th unit at whatever k the budget allows. Deterministic: no random numbers.
@@ -34,15 +34,9 @@ from typing import Literal
 
 import numpy as np
 
-from pflash.compress.evidence.lexical import (
-    MAX_NGRAM,
-    PHRASE_SCORE,
-    AnchoredUnit,
-    LexicalEvidence,
-    answers_form,
-    is_question_like,
-    split_units,
-)
+from pflash.compress.evidence.anchors import MAX_NGRAM, PHRASE_SCORE
+from pflash.compress.evidence.lexical import AnchoredUnit, LexicalEvidence
+from pflash.compress.evidence.words import answers_form, is_question_like, split_units
 from pflash.compress.plan.query import Plan
 from pflash.compress.selection import Candidates, build_candidates
 from pflash.spans import Span
@@ -314,8 +308,8 @@ _RULES = (
 def asked_text(plan: Plan, pflash_query: str | None = None) -> str:
     """The text whose question decides the kind: `pflash_query` when the client sent one,
     else the asking sentences at the edges of the latest user content - its first sentence
-    when it asks (`lexical.is_question_like`), and its last one with the "?" sentences just
-    before it; a closing answer prefix (`lexical.answers_form`: "Answer: The top 10 words
+    when it asks (`words.is_question_like`), and its last one with the "?" sentences just
+    before it; a closing answer prefix (`words.answers_form`: "Answer: The top 10 words
     that appear most often in the list are:", which a completion-style prompt ends with)
     is read past, not taken for the end of the question. Only `EDGE_CHARS` at each edge are read: a question sits before or after
     what was pasted, and a pasted document's own sentences ask nothing of it."""
@@ -619,7 +613,7 @@ def stratified_candidates(
 def document_units(text: str) -> list[tuple[int, int]]:
     """Character ranges of the units a uniform sample draws from: each line, and a line
     longer than `LONG_LINE` chars (a paragraph of prose) cut into its sentences
-    (`lexical.split_units`). Why lines first: `split_units` also cuts "12. word" after
+    (`words.split_units`). Why lines first: `split_units` also cuts "12. word" after
     "12.", and a sample of half list items would keep numbers without their words; for the
     same reason a long line that is a numbered list ("1. goose 2. lifetime 3. goose ...",
     a list flattened to one line) is cut before each number (`_list_items`)."""
