@@ -223,7 +223,7 @@ def decide_view(
       ids, max_output / max_context in target tokens).
     - `view`: what `ViewStore.lookup(tenant, view_keys(prepared, target))` returned.
     - `fresh`: None on the first call; on the second call (after "compress_first") the
-      fresh compression (`pipeline.finish`, or `pipeline.uncompressed` when the gate
+      fresh compression (`finish.finish`, or `pipeline.uncompressed` when the gate
       declined).
 
     Outcomes, in order:
