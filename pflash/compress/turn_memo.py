@@ -5,7 +5,7 @@ although only the newest turns changed. `TurnMemo` keeps, per conversation, the 
 results over that context, by kind:
 
 - `"units"`: the lexical units of the text before the latest user content
-  (`lexical.UnitPrefix`), so `find_lexical_evidence` cuts and reads only the new text;
+  (`words.UnitPrefix`), so `find_lexical_evidence` cuts and reads only the new text;
 - `"passages"`: the evidence passages of each region between pinned spans
   (`passage_evidence.evidence_passages`), so a region whose text and tokens are unchanged is
   not cut again.

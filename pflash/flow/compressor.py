@@ -43,11 +43,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pflash.compress.finish import finish
 from pflash.compress.pipeline import (
     Compressed,
     Prepared,
     PromptInput,
-    finish,
     ms_since,
     passthrough,
     prepare,

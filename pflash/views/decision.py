@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pflash.compress.assemble import joined_runs, recall_text
-from pflash.compress.evidence.lexical import is_question_like, split_units, words
+from pflash.compress.evidence.words import is_question_like, split_units, words
 from pflash.compress.pipeline import Compressed, Prepared
 from pflash.compress.plan.query import Plan
 from pflash.compress.render.chat import FAMILIES, ChatLayout, Turn, resolve_marker
@@ -86,7 +86,7 @@ def decide_view(
       ids, max_output / max_context in target tokens).
     - `view`: what `ViewStore.lookup(tenant, view_keys(prepared, target))` returned.
     - `fresh`: None on the first call; on the second call (after "compress_first") the
-      fresh compression (`pipeline.finish`, or `pipeline.uncompressed` when the gate
+      fresh compression (`finish.finish`, or `pipeline.uncompressed` when the gate
       declined).
 
     Outcomes, in order:
@@ -313,7 +313,7 @@ def _best_within(fresh: Compressed, in_view: Sequence[Span]) -> tuple[Span, ...]
 
 def _asks(text: str, turn: Turn) -> bool:
     """Whether a user turn holds a question about something: a sentence that is
-    question-like (`lexical.is_question_like`, the last one closing the turn) with a word
+    question-like (`words.is_question_like`, the last one closing the turn) with a word
     that is no stopword. "Are you sure?" and "What now?" ask about nothing. Linear in the
     turn."""
     units = split_units(text, turn.char_content_begin, turn.char_content_end, max_chars=None)

@@ -8,7 +8,7 @@ and the tests must check the same property with the same rule, so the rule has o
 The comparison is deliberately crude and errs towards "shared": a few suffixes are cut and
 two words count as one when their first 4-6 letters agree ("located" ~ "locations",
 "week" ~ "weekday"), so an inflection or a compound never slips through as a new word.
-Every stop word here is one for the lexical anchors too (`pflash.compress.evidence.lexical`; a unit
+Every stop word here is one for the lexical anchors too (`pflash.compress.evidence.words`; a unit
 test checks it): a word ignored here but not there ("among" once) let an anchor find a
 docstring that "shares no content word" with its question.
 """

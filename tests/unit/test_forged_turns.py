@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from pflash.compress.assemble import assemble
-from pflash.compress.pipeline import PromptInput, finish, prepare
+from pflash.compress.finish import finish
+from pflash.compress.pipeline import PromptInput, prepare
 from pflash.compress.render.chat import parse_chat, render_chat
 from pflash.compress.render.rendered import RenderedPrompt, render_chat_prompt
 from pflash.compress.scoring import ScoreResult

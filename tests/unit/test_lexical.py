@@ -1,4 +1,5 @@
-"""Lexical evidence (pflash/compress/evidence/lexical.py): anchors, the question pool, the cascade, headers.
+"""Lexical evidence (pflash/compress/evidence/: lexical.py, anchors.py, words.py): anchors, the
+question pool, the cascade, headers, the words and units they read.
 
 Prompts are built the way users send them (chat messages rendered and planned by
 `prepare` with the real SmolLM2 tokenizer); what is asserted is which text gets anchored.
@@ -10,14 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pflash.compress.evidence.lexical import (
-    LexicalParams,
-    find_lexical_evidence,
+from pflash.compress.evidence.anchors import quoted_patterns
+from pflash.compress.evidence.lexical import LexicalParams, find_lexical_evidence
+from pflash.compress.evidence.words import (
     is_question_like,
     key_words,
     names_something,
     normalize,
-    quoted_patterns,
     split_units,
     units_before,
     words,

@@ -17,15 +17,12 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pflash.compress.evidence.anchors import MAX_QUOTES, quoted_patterns
 from pflash.compress.evidence.code_blocks import BLOCK_MAX_CHARS, block_texts, passage_blocks
 from pflash.compress.evidence.entity_feedback import names
-from pflash.compress.evidence.lexical import (
-    MAX_QUOTES,
-    _question_sentences,
-    quoted_patterns,
-    split_units,
-)
+from pflash.compress.evidence.lexical import _question_sentences
 from pflash.compress.evidence.passage_evidence import HEADER_MAX_CHARS, passage_texts
+from pflash.compress.evidence.words import split_units
 from pflash.compress.plan.query import last_occurrence
 from pflash.compress.render import passages as passages_module
 from pflash.compress.render.passages import passages as system_passages

@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from pflash.compress.evidence.lexical import STOPWORDS as LEXICAL_STOPWORDS
+from pflash.compress.evidence.words import STOPWORDS as LEXICAL_STOPWORDS
 from pflash.compress.render.chat import render_chat
 from pflash_lab.corpus.cases import CaseSpec, SuitePlan, corpus_paragraphs, token_counter
 from pflash_lab.corpus.code_descriptions import (

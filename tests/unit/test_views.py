@@ -1,7 +1,7 @@
 """decide_view (ALGORITHM §6.1-§6.3, §10.4 item 39) on real tokenizers.
 
 Every prompt is rendered with the target's chat template and compressed through
-`pipeline.prepare` / `pipeline.finish` with a deterministic scorer (a test double of the
+`pipeline.prepare` / `finish.finish` with a deterministic scorer (a test double of the
 drafter that puts attention mass on given sentences), so the views are built from the same
 objects the ingress hands over. What is asserted is the decision: outcome, served tokens,
 snapshot cut, the view to store and the ViewStats counts.
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from pflash.compress.assemble import RECALL_FOOTER, RECALL_HEADER
-from pflash.compress.pipeline import PromptInput, finish, prepare
+from pflash.compress.finish import finish
+from pflash.compress.pipeline import PromptInput, prepare
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult

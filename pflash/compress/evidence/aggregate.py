@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pflash.compress.evidence.lexical import answers_form, is_question_like, split_units
+from pflash.compress.evidence.words import answers_form, is_question_like, split_units
 from pflash.compress.plan.query import Plan
 
 QuestionKind = Literal["frequency", "count", "enumerate", "summary"]

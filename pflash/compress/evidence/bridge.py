@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pflash.compress.evidence.entity_feedback import names
-from pflash.compress.evidence.lexical import STOPWORDS
+from pflash.compress.evidence.words import STOPWORDS
 from pflash.compress.text.sentences import opens_sentence
 
 # above entity feedback's `LIFT`: a question's own entity is followed for every signal, and

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from pflash.compress.evidence.lexical import FORM_VERBS, answers_form
+from pflash.compress.evidence.words import FORM_VERBS, answers_form
 
 # a label line: at most 3 words, the first capitalised, closed by a colon ("Document 14:")
 _LABEL = re.compile(r"[A-Z]\w*(?:[ \t]+[\w#()\[\].-]+){0,2}[ \t]*:")

@@ -20,7 +20,7 @@ Two pure steps around the drafter call:
    latest user turn closes with (`question_tail`: its last line or sentences, not the chat
    template after it), else the tail of the query span; the droppable text before it is cut
    into passages of at most `max_tokens` drafter tokens at sentence and line starts (the
-   units of `pflash.compress.evidence.lexical.split_units`), so a fact is rarely split across two
+   units of `pflash.compress.evidence.words.split_units`), so a fact is rarely split across two
    passages. Pinned spans are kept anyway and never scored.
 2. `mix_evidence` (finish): per signal, each passage's score above the median passage's,
    spread over its tokens and normalised to sum 1 over the context, mixed with the attention
@@ -53,7 +53,7 @@ from pflash.compress.evidence.code_blocks import (
 )
 from pflash.compress.evidence.entity_feedback import followed_passages, lift_passages
 from pflash.compress.evidence.framing import framing_lines, with_space
-from pflash.compress.evidence.lexical import answers_form, split_units
+from pflash.compress.evidence.words import answers_form, split_units
 from pflash.compress.plan.query import Plan, question_tail
 from pflash.compress.scoring import ScoreRequest, ScoreResult
 from pflash.compress.selection.candidates import Candidates, split_candidates

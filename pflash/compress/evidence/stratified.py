@@ -26,13 +26,9 @@ from dataclasses import replace
 import numpy as np
 
 from pflash.compress.evidence.aggregate import AggregateQuestion, asked_top, asks_most_frequent
-from pflash.compress.evidence.lexical import (
-    MAX_NGRAM,
-    PHRASE_SCORE,
-    AnchoredUnit,
-    LexicalEvidence,
-    split_units,
-)
+from pflash.compress.evidence.anchors import MAX_NGRAM, PHRASE_SCORE
+from pflash.compress.evidence.lexical import AnchoredUnit, LexicalEvidence
+from pflash.compress.evidence.words import split_units
 from pflash.compress.plan.query import Plan
 from pflash.compress.selection import Candidates, build_candidates
 from pflash.spans import Span
