@@ -432,14 +432,14 @@ def test_qwen35_head_layer_must_be_a_full_attention_layer():
 
 
 def test_chunks_cover_the_new_tokens_and_cut_at_the_checkpoint():
-    assert drafter_mod.chunk_bounds(10, 50, 16) == [(10, 26), (26, 42), (42, 50)]
-    assert drafter_mod.chunk_bounds(10, 50, 16, cuts=(30,)) == [
+    assert attention.chunk_bounds(10, 50, 16) == [(10, 26), (26, 42), (42, 50)]
+    assert attention.chunk_bounds(10, 50, 16, cuts=(30,)) == [
         (10, 26),
         (26, 30),
         (30, 42),
         (42, 50),
     ]
-    assert drafter_mod.chunk_bounds(50, 50, 16) == []
+    assert attention.chunk_bounds(50, 50, 16) == []
 
 
 def test_concurrent_requests_score_as_if_one_after_the_other():

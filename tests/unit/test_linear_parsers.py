@@ -28,7 +28,7 @@ from pflash.compress.render import passages as passages_module
 from pflash.compress.render.passages import passages as system_passages
 from pflash.compress.text.code_headers import code_lines
 from pflash.compress.text.sentences import ends_sentence, opens_sentence, sentence_ends
-from pflash.models.target.hf import StopScanner
+from pflash.models.target.decoding import StopScanner
 from pflash.serving.tool_calls import ToolCallStream, split_tool_calls
 from pflash.spans import Span, TokenizedText
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from pflash.errors import ConfigError
-from pflash.models.target.hf import TransformersTarget, accept_drafts, vocabulary_mismatch
+from pflash.models.target.decoding import accept_drafts
+from pflash.models.target.hf import TransformersTarget, vocabulary_mismatch
 from pflash.models.target.protocol import (
     GenerationDone,
     SamplingParams,

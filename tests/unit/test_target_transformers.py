@@ -10,12 +10,8 @@ import pytest
 import torch
 
 from pflash.errors import InvalidRequest
-from pflash.models.target.hf import (
-    PrefixSnapshots,
-    StreamingDecoder,
-    TransformersTarget,
-    sample_token,
-)
+from pflash.models.target.decoding import StreamingDecoder, sample_token
+from pflash.models.target.hf import PrefixSnapshots, TransformersTarget
 from pflash.models.target.protocol import (
     GenerationDone,
     OutputFormat,

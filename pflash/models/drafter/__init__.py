@@ -1,2 +1,2 @@
-"""The drafter: scorer profiles, the early-exit scoring math, the scorer with its sessions, the
-trained scoring head and the calibration."""
+"""The drafter: scorer profiles, the early-exit scoring math, its forward pass, the scorer with
+its sessions, the trained scoring head and the calibration."""
