@@ -53,6 +53,7 @@ TABLE = [
     ("Name every character that appears in the story.", "enumerate"),
     ("What are all the dates in the document?", "enumerate"),
     ("Extract each email address listed above.", "enumerate"),
+    ("List all 10 words in the list above.", "enumerate"),
     # summary
     ("Summarize the document.", "summary"),
     ("Give me a brief summary of the whole text.", "summary"),
@@ -76,6 +77,9 @@ TABLE = [
         None,
     ),
     ("What are all the special magic numbers for X? List every one of them.", None),
+    # RULER's variable tracking: the value is the key the chain starts from
+    ("Find all variables that are assigned the value 62950 in the text above.", None),
+    ("Find all rows whose code is ab12 in the table.", None),
     (
         "What are all the special magic numbers for fair-sundial mentioned in the provided text?",
         None,

@@ -251,11 +251,20 @@ def _enumerate(ws: Sequence[str]) -> bool:
             continue
         end = k + 1
         while end < n and end <= k + 8 and not _doc_scope(ws, end, end + 1):
-            if ws[end] in QUALIFIERS:
+            if ws[end] in QUALIFIERS or _is_key(ws[end]):
                 return False
             end += 1
         return end < n and end <= k + 8
     return False
+
+
+def _is_key(word: str) -> bool:
+    """A word that names one thing to look up, not a kind of thing to list: a number of 3+
+    digits or a code mixing letters and digits ("all variables assigned the value 62950",
+    "all rows whose code is ab12 in the table"). The question retrieves what that key leads
+    to."""
+    has_digit = any(c.isdigit() for c in word)
+    return has_digit and (len(word) >= 3 or any(c.isalpha() for c in word))
 
 
 def _summary(ws: Sequence[str]) -> bool:
