@@ -48,6 +48,7 @@ NOT_FIRED_HERE = frozenset(
         "ray_pflash_recalled_tokens_total",
         "ray_pflash_rebuilds_total",
         "ray_pflash_read_aheads_total",  # fired only by a small agent step appended verbatim
+        "ray_pflash_tools_not_offered_total",  # fired only by a hosted tool (web_search, ...)
     }
 )
 
