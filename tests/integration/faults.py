@@ -114,13 +114,17 @@ def recovery(app: str, killed_at: float, body: dict, limit_s: float = 240.0):
     pytest.fail(f"no successful request within {limit_s:.0f} s of the kill")
 
 
-def write_config(tmp: Path, port: int, call_deadline_s: float, edit) -> Path:
-    """serve_config.yaml as shipped, on `port`, with `remote_call_timeout_s` and
-    `edit(deployment)` applied to each deployment's entry; written into `tmp`."""
+def write_config(
+    tmp: Path, port: int, call_deadline_s: float, edit, args: dict | None = None
+) -> Path:
+    """serve_config.yaml as shipped, on `port`, with `remote_call_timeout_s`, the app
+    `args` given and `edit(deployment)` applied to each deployment's entry; written into
+    `tmp`."""
     base = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     base["http_options"]["port"] = port
     app = base["applications"][0]
     app["args"]["remote_call_timeout_s"] = call_deadline_s
+    app["args"].update(args or {})
     for dep in app["deployments"]:
         edit(dep)
     path = tmp / "serve_config.yaml"

@@ -52,7 +52,9 @@ def _config(tmp: Path, port: int) -> Path:
         if dep["name"] == "DrafterScorer":
             dep["max_queued_requests"] = DRAFTER_QUEUE
 
-    return faults.write_config(tmp, port, CALL_DEADLINE_S, edit)
+    # the target's own context, which a fresh Ingress fetches once for the requests that
+    # arrive meanwhile (the give-up test below); serve_config.yaml names one for agent clients
+    return faults.write_config(tmp, port, CALL_DEADLINE_S, edit, {"max_context": None})
 
 
 @pytest.fixture(scope="module")
