@@ -380,6 +380,29 @@ def _compress_with(tokenizer, cfg, content, scorer, trace=None):
     )
 
 
+def test_a_chat_of_one_empty_system_message_is_served_as_is_not_a_500(smollm2_tokenizer):
+    """No user message and nothing in the last one to locate: the question is empty, the
+    prompt is served whole (found by the fuzz suite as a query_mapping failure, a 500)."""
+    from pflash.flow.request import render_request
+    from pflash.serving.chat_completion.serving import parse_chat_request
+
+    cfg = build_config({**CFG, "mode": "always"}, env={})
+    chat = parse_chat_request({"messages": [{"role": "system", "content": ""}], "max_tokens": 2})
+    prompt = render_request(chat, "chat", smollm2_tokenizer)
+
+    def never(req):
+        raise AssertionError("the drafter must not run")
+
+    out = compress(
+        PromptInput(prompt, max_output=2),
+        config=cfg,
+        target_tokenizer=smollm2_tokenizer,
+        drafter_tokenizer=smollm2_tokenizer,
+        scorer=never,
+    )
+    assert not out.compressed and out.served_ids == prompt.ids
+
+
 def test_lexical_evidence_keeps_the_needle_attention_misses(smollm2_tokenizer):
     doc = _document()
     decoy = doc[:3000]  # ~650 drafter tokens, more than the whole droppable budget

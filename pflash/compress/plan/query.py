@@ -529,6 +529,10 @@ def _locate_user_content(
         wrapped = rerender.contents(wrapped_indices(chat, tagged))
         located = wrapped[index] if wrapped is not None else rerender.content_chars(index)
         if located is None:
+            if not chat.messages[index].get("content"):
+                # an empty message renders nothing to find (a chat of one empty system
+                # message): the question is empty, at the end of the prompt
+                return len(drafter.text), len(drafter.text)
             raise CompressionFailed(
                 "query_mapping", "cannot locate the latest user message in the prompt"
             )
