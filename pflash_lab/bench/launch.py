@@ -381,6 +381,12 @@ class ServeCluster:
                 os.kill(pid, signal.SIGKILL)
         proc.poll()
 
+    def own_processes(self) -> set[int]:
+        """Every live process of this cluster (its daemons, their workers, its added nodes'):
+        what a fault test may kill, and nothing of another app on the same machine."""
+        roots = set(self.ray_roots).union(*(pids for _, pids in self.nodes.values()))
+        return roots | descendants(roots)
+
     def stop(self) -> None:
         LIVE.discard(self)
         for name in list(self.nodes):

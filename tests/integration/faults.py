@@ -17,6 +17,8 @@ import httpx
 import pytest
 import yaml
 
+from pflash_lab.bench import launch
+
 ROOT = Path(__file__).resolve().parents[2]
 LICENSE = Path("/usr/share/common-licenses/GPL-3").read_text()
 HANG_S = 600.0  # a request still open after this is a hang
@@ -68,31 +70,30 @@ def answer_or_envelope(r: httpx.Response) -> str:
     return f"{r.status_code} {error['code']}"
 
 
+def _titled(match) -> list[int]:
+    """Processes of the clusters this test process started (`launch.LIVE`) whose title
+    `match`es: a machine-wide search also found, and killed, the replicas of a benchmark or
+    another test's app running beside the suite."""
+    ours = set().union(*(cluster.own_processes() for cluster in launch.LIVE))
+    pids = []
+    for pid in sorted(ours):
+        try:
+            if match((Path("/proc") / str(pid) / "cmdline").read_bytes()):
+                pids.append(pid)
+        except OSError:
+            continue
+    return pids
+
+
 def replica_pids(deployment: str, app: str = "pflash") -> list[int]:
     """Worker processes whose title names the replica (Ray sets `ray::ServeReplica:app:name`)."""
     needle = f"ServeReplica:{app}:{deployment}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
+    return _titled(lambda cmdline: needle in cmdline)
 
 
 def actor_pids(actor_class: str) -> list[int]:
     needle = f"ray::{actor_class}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "cmdline").read_bytes().startswith(needle):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
+    return _titled(lambda cmdline: cmdline.startswith(needle))
 
 
 def kill(pids: list[int]) -> None:

@@ -1,8 +1,14 @@
-"""What a failing integration test reports from Ray's logs (`ServeCluster.incidents`)."""
+"""What a failing integration test reports from Ray's logs (`ServeCluster.incidents`), and
+which processes a test's cluster owns (`ServeCluster.own_processes`)."""
 
 from __future__ import annotations
 
-from pflash_lab.bench.launch import ServeCluster
+import os
+import signal
+import subprocess
+import time
+
+from pflash_lab.bench.launch import ServeCluster, descendants, group_members
 
 
 def _cluster(tmp_path, files: dict[str, str]) -> ServeCluster:
@@ -55,3 +61,26 @@ def test_incidents_keep_the_last_lines_and_read_a_missing_log_dir_as_none(tmp_pa
     kept = cluster.incidents(limit=5).splitlines()
     assert [line.rsplit(" ", 1)[-1] for line in kept] == ["25", "26", "27", "28", "29"]
     assert ServeCluster(tmp_path / "c.yaml", tmp_path / "none").incidents() == ""
+
+
+def test_a_cluster_owns_its_daemons_and_their_workers_and_no_other_process(tmp_path):
+    """What a fault test may kill: a machine-wide search by title also killed the replicas of
+    a benchmark app running beside the suite."""
+    # a daemon (its own session, as `ray start` is) with a worker child, and a stranger
+    daemon = subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True)
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        cluster = ServeCluster(tmp_path / "serve_config.yaml", tmp_path)
+        deadline = time.monotonic() + 10
+        while not (workers := descendants({daemon.pid})) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert workers, "the daemon's child never started"
+        cluster.ray_roots = group_members(daemon.pid)
+        owned = cluster.own_processes()
+        assert {daemon.pid, *workers} <= owned
+        assert stranger.pid not in owned and os.getpid() not in owned
+    finally:
+        os.killpg(daemon.pid, signal.SIGKILL)
+        stranger.kill()
+        daemon.wait()
+        stranger.wait()
