@@ -1,7 +1,7 @@
 """Every PFlash knob in one typed, validated object, nested by component.
 
-- `components.py`: the components (gate, selection, lexical, views, scoring, generation,
-  server, security): every knob's type, bounds, default and description.
+- `components.py`: the components (gate, selection, legacy, lexical, views, scoring,
+  generation, server, security): every knob's type, bounds, default and description.
 - `flat.py`: the compatibility layer: flat keys in YAML, dicts and attribute reads, and a
   flat `model_dump()`, for the whole config and for parts alike.
 - `model.py`: `PFlashConfig` (the whole, with the checks that span keys), the parts the
@@ -17,6 +17,7 @@ from pflash.config.components import (
     DrafterProfile,
     GateConfig,
     GenerationConfig,
+    LegacySelectionConfig,
     LexicalConfig,
     LexicalMode,
     LexicalQuery,
@@ -66,6 +67,7 @@ __all__ = [
     "RequestOverrides",
     "GateConfig",
     "GenerationConfig",
+    "LegacySelectionConfig",
     "LexicalConfig",
     "LexicalMode",
     "LexicalQuery",

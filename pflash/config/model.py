@@ -37,6 +37,7 @@ from pflash.config.components import (
     Component,
     GateConfig,
     GenerationConfig,
+    LegacySelectionConfig,
     LexicalConfig,
     ScoringConfig,
     SecurityConfig,
@@ -115,6 +116,7 @@ class PFlashConfig(ComponentSet):
 
     gate: GateConfig = Field(default_factory=GateConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    legacy: LegacySelectionConfig = Field(default_factory=LegacySelectionConfig)
     lexical: LexicalConfig = Field(default_factory=LexicalConfig)
     views: ViewsConfig = Field(default_factory=ViewsConfig)
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
@@ -235,11 +237,12 @@ class RequestOverrides:
 
 
 class DrafterScorerPart(ComponentSet):
-    """What the DrafterScorer reads: the drafter, and from selection `select_mode` (legacy
-    scores) and the legacy scorer's `legacy_query_tokens` and `legacy_pool_kernel`."""
+    """What the DrafterScorer reads: the drafter, from selection `select_mode` (legacy
+    scores), and the legacy scorer's `legacy_query_tokens` and `legacy_pool_kernel`."""
 
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    legacy: LegacySelectionConfig = Field(default_factory=LegacySelectionConfig)
 
 
 class TargetModelPart(ComponentSet):

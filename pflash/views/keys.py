@@ -28,9 +28,10 @@ def token_digest(ids: Sequence[int]) -> str:
 
 
 # The config components whose fields change what a fresh compression keeps: the gate (mode,
-# threshold, keep ratio, curve), selection, lexical evidence and the scorer. Views settings
-# (recall, compress-new) change how a view is extended, not what it holds.
-SELECTION_COMPONENTS = ("gate", "selection", "lexical", "scoring")
+# threshold, keep ratio, curve), selection, the legacy scorer's (`select_scorer: split`),
+# lexical evidence and the scorer. Views settings (recall, compress-new) change how a view
+# is extended, not what it holds.
+SELECTION_COMPONENTS = ("gate", "selection", "legacy", "lexical", "scoring")
 
 
 def selection_digest(prepared: Prepared, config: PFlashConfig) -> str:
