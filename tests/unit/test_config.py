@@ -697,7 +697,7 @@ def test_a_part_holds_only_its_components_and_reads_their_knobs_flat():
     drafter = cfg.part(DrafterScorerPart)
     assert set(DrafterScorerPart.model_fields) == {"scoring", "selection", "legacy"}
     assert (drafter.scoring, drafter.selection) == (cfg.scoring, cfg.selection)
-    assert drafter.legacy == cfg.legacy and drafter.legacy_pool_kernel == 13
+    assert drafter.legacy is cfg.legacy and drafter.legacy_pool_kernel == 13  # not rebuilt
     assert drafter.drafter_sessions == 0 and drafter.select_mode == "budget_only"
     with pytest.raises(AttributeError):
         drafter.keep_ratio  # noqa: B018
