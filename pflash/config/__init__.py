@@ -5,7 +5,8 @@
 - `flat.py`: the compatibility layer: flat keys in YAML, dicts and attribute reads, and a
   flat `model_dump()`, for the whole config and for parts alike.
 - `model.py`: `PFlashConfig` (the whole, with the checks that span keys), the parts the
-  deployments receive, and loading from YAML and `PFLASH_*` environment.
+  deployments and the request flow's stages receive, and loading from YAML and `PFLASH_*`
+  environment.
 - `table.py`: the configuration tables (docs/CONFIGURATION.md, README.md).
 """
 
@@ -41,10 +42,13 @@ from pflash.config.model import (
     COMPONENTS,
     ENV_PREFIX,
     FIELDS,
+    AdmissionPart,
+    CompressionPart,
     DrafterScorerPart,
     PFlashConfig,
     RequestOverrides,
     TargetModelPart,
+    ViewPart,
     build_config,
     build_part,
     field_info,
@@ -60,8 +64,10 @@ __all__ = [
     "ENV_PREFIX",
     "FIELDS",
     "KNOBS",
+    "AdmissionPart",
     "Component",
     "ComponentSet",
+    "CompressionPart",
     "DrafterProfile",
     "DrafterScorerPart",
     "RequestOverrides",
@@ -86,6 +92,7 @@ __all__ = [
     "ServerConfig",
     "TargetBackend",
     "TargetModelPart",
+    "ViewPart",
     "ViewsConfig",
     "build_config",
     "build_part",

@@ -240,6 +240,11 @@ class SelectionConfig(Component):
 
     _read_off = field_validator("select_position_prior", mode="before")(_yaml_off)
 
+    @property
+    def strict(self) -> bool:
+        """Strict (budgeted) selection is active unless the legacy selector was chosen."""
+        return self.select_mode != "legacy"
+
 
 class LegacySelectionConfig(Component):
     """The legacy (v1) selector, opt-in with `select_mode: legacy`, and its tail scorer,

@@ -19,7 +19,7 @@ import numpy as np
 from pflash.compress.pipeline import Prepared
 from pflash.compress.plan.query import Plan
 from pflash.compress.text import encoding
-from pflash.config import PFlashConfig
+from pflash.config import ViewPart
 
 
 def token_digest(ids: Sequence[int]) -> str:
@@ -34,7 +34,7 @@ def token_digest(ids: Sequence[int]) -> str:
 SELECTION_COMPONENTS = ("gate", "selection", "legacy", "lexical", "scoring")
 
 
-def selection_digest(prepared: Prepared, config: PFlashConfig) -> str:
+def selection_digest(prepared: Prepared, config: ViewPart) -> str:
     """Hex digest of what decides a selection besides the prompt: the request's
     `pflash_query` and `pflash_required`, and the effective config (request overrides
     applied) of `SELECTION_COMPONENTS`.
