@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from pflash.config import PFlashConfig, build_config, load_config
+from pflash.config import DrafterScorerPart, PFlashConfig, build_config, load_config
 from pflash.errors import InvalidRequest, PFlashError
 
 EXIT_ERROR = 2
@@ -156,8 +156,9 @@ def compress_request(
     )
     drafter_tokenizer = load_tokenizer(config.drafter_tokenizer or config.drafter)
     prompt = render_request(target_tokenizer, request)
-    scorer = DrafterScorer(config, load_drafter(config.drafter))
-    probe = probe_for(config, scorer)
+    drafter = config.part(DrafterScorerPart)  # what the DrafterScorer deployment is given
+    scorer = DrafterScorer(drafter, load_drafter(config.drafter))
+    probe = probe_for(drafter, scorer)
     trace = TraceWriter(config.trace_path) if config.trace_path else None
     try:
         result = compress_in_process(

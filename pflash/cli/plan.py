@@ -54,7 +54,7 @@ def run_plan(args) -> int:
             prompt_text=prompt_text,
             drafter_tokenizer=drafter,
             target_tokenizer=target,
-            config=build_config(),
+            config=build_config().selection,
             messages=messages,
             tools=request.get("tools"),
             chat_template_kwargs=kwargs,

@@ -46,7 +46,7 @@ from pflash.compress.selection import (
 )
 from pflash.compress.text import encoding
 from pflash.compress.turn_memo import TurnMemo
-from pflash.config import PFlashConfig
+from pflash.config import CompressionPart, SelectionConfig
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, SpanIndex, decode_ids
 from pflash.trace import SelectionTrace, TraceWriter
@@ -82,7 +82,7 @@ def finish(
     prepared: Prepared,
     scores: ScoreResult,
     *,
-    config: PFlashConfig,
+    config: CompressionPart,
     target_tokenizer,
     drafter_tokenizer,
     boundary: np.ndarray | None = None,
@@ -97,18 +97,18 @@ def finish(
     select_started = time.perf_counter()
     if not prepared.compress or prepared.score_request is None:
         raise ValueError("finish() needs a prepared request that compresses")
-    if not config.strict:
+    if not config.selection.strict:
         return _finish_legacy(prepared, scores, config, target_tokenizer, drafter_tokenizer, trace)
     plan, budget = prepared.plan, prepared.budget
     assert budget is not None
     n = plan.n_tokens
-    token_scores = _head_scores(scores, config, n)
+    token_scores = _head_scores(scores, config.selection, n)
     if config.select_position_prior == "distance" and config.select_scorer != "legacy":
         token_scores = lift_over_prior(token_scores, plan.query.begin)
     signals = passage_evidence.passage_signals(
         prepared.score_request,
         scores,
-        config,
+        config.selection,
         plan.drafter,
         whole_block_tokens=math.floor(WHOLE_BLOCK_SHARE * (budget.budget - budget.kept_tokens)),
     )
@@ -172,7 +172,9 @@ def finish(
             )
         share = config.lexical_max_share
         pool, promoted = _promote(cands, evidence, token_budget, share, bool(signals))
-        sel = _select(pool, other, token_budget, config, skip_oversized=seg.kind == "probe")
+        sel = _select(
+            pool, other, token_budget, config.selection, skip_oversized=seg.kind == "probe"
+        )
         if not sel.ok:
             raise CompressionFailed(
                 "selection",
@@ -209,7 +211,9 @@ def finish(
         lexical_spans = tuple(u.span for u in units)
         named_spans = tuple(u.span for u in units if u.named)
     if trace is not None:
-        trace.write(_selection_trace(prepared, config, seg, other, chosen, fit.r_used, kind))
+        trace.write(
+            _selection_trace(prepared, config.selection, seg, other, chosen, fit.r_used, kind)
+        )
     part_spans: tuple[Span, ...] = ()
     if prepared.part_begin > 0:
         part_spans = _select_part(
@@ -248,7 +252,7 @@ def _select_part(
     evidence: LexicalEvidence | None,
     begin: int,
     r0: float,
-    config: PFlashConfig,
+    config: CompressionPart,
     *,
     named_only: bool,
     skip_oversized: bool,
@@ -279,7 +283,11 @@ def _select_part(
         return ()
     pool, _ = _promote(part, evidence, budget, config.lexical_max_share, named_only)
     sel = _select(
-        pool, None if other is None else other[keep], budget, config, skip_oversized=skip_oversized
+        pool,
+        None if other is None else other[keep],
+        budget,
+        config.selection,
+        skip_oversized=skip_oversized,
     )
     if not sel.ok:
         raise CompressionFailed(
@@ -288,7 +296,7 @@ def _select_part(
     return kept_spans(pool, sel.ordinals)
 
 
-def _head_scores(scores: ScoreResult, config: PFlashConfig, n: int) -> np.ndarray:
+def _head_scores(scores: ScoreResult, config: SelectionConfig, n: int) -> np.ndarray:
     """The per-token scores the candidates are ranked by; fail closed on a bad scorer reply."""
     arr = scores.legacy if config.select_scorer == "legacy" else scores.mass
     if arr is None:
@@ -326,7 +334,7 @@ def _select(
     cands: Candidates,
     other: np.ndarray | None,
     budget: int,
-    config: PFlashConfig,
+    config: SelectionConfig,
     *,
     skip_oversized: bool,
 ) -> SelectionResult:
@@ -378,7 +386,9 @@ def _stats(
     }
 
 
-def _selection_trace(prepared, config, seg, other, chosen: _Attempt, r, kind) -> SelectionTrace:
+def _selection_trace(
+    prepared, config: SelectionConfig, seg, other, chosen: _Attempt, r, kind
+) -> SelectionTrace:
     plan = prepared.plan
     cands = chosen.candidates
     ordinals = set(chosen.selection.ordinals)
@@ -424,7 +434,7 @@ def _finish_legacy(
     n = plan.n_tokens
     if scores.legacy is None or np.asarray(scores.legacy).shape != (n,):
         raise CompressionFailed("drafter", "legacy scorer returned no per-token scores")
-    r0 = configured_keep_ratio(config, len(prepared.input.prompt.ids))
+    r0 = configured_keep_ratio(config.gate, len(prepared.input.prompt.ids))
     sel = select_legacy(
         np.asarray(plan.drafter.ids),
         np.asarray(scores.legacy),

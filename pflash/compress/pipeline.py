@@ -32,7 +32,7 @@ from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreRequest
 from pflash.compress.text import encoding
 from pflash.compress.turn_memo import TurnMemo
-from pflash.config import PFlashConfig
+from pflash.config import CompressionPart, ServerConfig
 from pflash.spans import Span
 
 
@@ -157,7 +157,7 @@ def ratio_stats(result: Compressed) -> dict[str, float | None]:
 def prepare(
     inp: PromptInput,
     *,
-    config: PFlashConfig,
+    config: CompressionPart,
     target_tokenizer,
     drafter_tokenizer,
     memo: TurnMemo | None = None,
@@ -179,7 +179,7 @@ def prepare(
 def _prepare(
     inp: PromptInput,
     *,
-    config: PFlashConfig,
+    config: CompressionPart,
     target_tokenizer,
     drafter_tokenizer,
     memo: TurnMemo | None = None,
@@ -193,7 +193,7 @@ def _prepare(
         rendered=prompt.encoding,
         drafter_tokenizer=drafter_tokenizer,
         target_tokenizer=target_tokenizer,
-        config=config,
+        config=config.selection,
         messages=prompt.messages,
         tools=prompt.tools,
         chat_template_kwargs=prompt.template_kwargs,
@@ -201,7 +201,7 @@ def _prepare(
         pflash_required=inp.pflash_required,
     )
     prompt_tokens = len(inp.prompt.ids)
-    if not config.strict:
+    if not config.selection.strict:
         return _prepare_legacy(inp, prompt_text, plan, config)
     question = classify_question(asked_text(plan, inp.pflash_query))
     budget = plan_budget_for(
@@ -238,14 +238,19 @@ def _prepare(
         session_key=inp.session_key,
         want_tap=config.segment_probe_gguf is not None and config.select_segments != "fixed",
         **passage_evidence.evidence_request(
-            plan, budget.pinned, config, suffix=suffix, memo=memo, conversation=inp.session_key
+            plan,
+            budget.pinned,
+            config.selection,
+            suffix=suffix,
+            memo=memo,
+            conversation=inp.session_key,
         ),
     )
     return Prepared(inp, prompt_text, plan, budget, True, budget.reason, request, question=question)
 
 
 def _prepare_legacy(
-    inp: PromptInput, prompt_text: str, plan: Plan, config: PFlashConfig
+    inp: PromptInput, prompt_text: str, plan: Plan, config: CompressionPart
 ) -> Prepared:
     """Legacy (v1) path: gate on the prompt length alone, tail scorer over the query rows."""
     prompt_tokens = len(inp.prompt.ids)
@@ -275,7 +280,7 @@ def _prepare_legacy(
 # ---------------------------------------------------------------------------- failures
 
 
-def scorer_failure_action(stage: str, config: PFlashConfig) -> str:
+def scorer_failure_action(stage: str, config: ServerConfig) -> str:
     """What to do when compression fails at `stage`: "bypass" (serve the prompt uncompressed,
     counted) only for a failure of the scoring pass (the drafter, or the segment probe that
     reads its tap) and only when the operator chose `on_drafter_error: bypass`; "fail"

@@ -1,11 +1,12 @@
 """Every PFlash knob in one typed, validated object, nested by component.
 
-- `components.py`: the components (gate, selection, lexical, views, scoring, generation,
-  server, security): every knob's type, bounds, default and description.
+- `components.py`: the components (gate, selection, legacy, lexical, views, scoring,
+  generation, server, security): every knob's type, bounds, default and description.
 - `flat.py`: the compatibility layer: flat keys in YAML, dicts and attribute reads, and a
   flat `model_dump()`, for the whole config and for parts alike.
 - `model.py`: `PFlashConfig` (the whole, with the checks that span keys), the parts the
-  deployments receive, and loading from YAML and `PFLASH_*` environment.
+  deployments and the request flow's stages receive, and loading from YAML and `PFLASH_*`
+  environment.
 - `table.py`: the configuration tables (docs/CONFIGURATION.md, README.md).
 """
 
@@ -17,6 +18,7 @@ from pflash.config.components import (
     DrafterProfile,
     GateConfig,
     GenerationConfig,
+    LegacySelectionConfig,
     LexicalConfig,
     LexicalMode,
     LexicalQuery,
@@ -40,10 +42,13 @@ from pflash.config.model import (
     COMPONENTS,
     ENV_PREFIX,
     FIELDS,
+    AdmissionPart,
+    CompressionPart,
     DrafterScorerPart,
     PFlashConfig,
     RequestOverrides,
     TargetModelPart,
+    ViewPart,
     build_config,
     build_part,
     field_info,
@@ -59,13 +64,16 @@ __all__ = [
     "ENV_PREFIX",
     "FIELDS",
     "KNOBS",
+    "AdmissionPart",
     "Component",
     "ComponentSet",
+    "CompressionPart",
     "DrafterProfile",
     "DrafterScorerPart",
     "RequestOverrides",
     "GateConfig",
     "GenerationConfig",
+    "LegacySelectionConfig",
     "LexicalConfig",
     "LexicalMode",
     "LexicalQuery",
@@ -84,6 +92,7 @@ __all__ = [
     "ServerConfig",
     "TargetBackend",
     "TargetModelPart",
+    "ViewPart",
     "ViewsConfig",
     "build_config",
     "build_part",

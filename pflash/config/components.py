@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -67,6 +67,10 @@ class Component(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
+    moved_from: ClassVar[str | None] = None
+    """The component that held these knobs before they were given their own: a config that
+    still writes them under that component's name loads as before."""
+
 
 class GateConfig(Component):
     """Whether a prompt is compressed and how much of it is kept (reference §5.1, §5.7).
@@ -112,9 +116,8 @@ class GateConfig(Component):
 
 class SelectionConfig(Component):
     """What is kept: query windows and pins, candidates, the strict selector and assembly
-    (reference §4.3, §5.3-§5.6), and the legacy selector and scorer (reference §3.1, §4.1).
-    Read by the request flow; the DrafterScorer reads `select_mode` and the legacy scorer's
-    `legacy_query_tokens` and `legacy_pool_kernel`."""
+    (reference §4.3, §5.3-§5.6); the legacy selector's knobs are the `legacy` component.
+    Read by the request flow; the DrafterScorer reads `select_mode`."""
 
     # --- strict selection (reference §4.3)
     select_mode: SelectMode = Field(
@@ -219,7 +222,38 @@ class SelectionConfig(Component):
         description="Earlier user questions used as extra scorer queries (weights 1/2, 1/4, ...).",
     )
 
-    # --- legacy selector and scorer (reference §3.1, §4.1)
+    # --- the 4-gram anchors' query pool: the legacy selector's and lexical evidence's tail
+    anchor_query_tokens: int = Field(
+        96,
+        ge=0,
+        description="4-gram anchors: the query pool is the last this many tokens (the legacy selector's anchors, and lexical evidence under lexical_query: tail).",
+    )
+
+    _check_finite = field_validator("select_top_p", "select_split")(_finite)
+
+    @field_validator("select_chunk_size", mode="before")
+    @classmethod
+    def _by_length(cls, v: Any) -> Any:
+        # a word for the schedule, so a JSON merge patch (k8s overlay) can ask for it: a
+        # patch's null deletes the key, which would bring back the default
+        return None if v == "by_length" else v
+
+    _read_off = field_validator("select_position_prior", mode="before")(_yaml_off)
+
+    @property
+    def strict(self) -> bool:
+        """Strict (budgeted) selection is active unless the legacy selector was chosen."""
+        return self.select_mode != "legacy"
+
+
+class LegacySelectionConfig(Component):
+    """The legacy (v1) selector, opt-in with `select_mode: legacy`, and its tail scorer,
+    which `select_scorer: legacy` and `split` also use (reference §3.1, §4.1). Read by the
+    request flow; the DrafterScorer reads `legacy_query_tokens` and `legacy_pool_kernel`.
+    These keys were once under `selection`, and may still be written there."""
+
+    moved_from: ClassVar[str | None] = "selection"
+
     legacy_chunk_size: int = Field(32, gt=0, description="Legacy selector chunk size.")
     legacy_query_tokens: int = Field(
         8, ge=1, le=512, description="Legacy tail scorer query rows (n_lookahead)."
@@ -229,9 +263,6 @@ class SelectionConfig(Component):
     )
     legacy_head_chunks: int = Field(8, ge=0, description="Legacy: chunks forced at the head.")
     legacy_tail_chunks: int = Field(24, ge=0, description="Legacy: chunks forced at the tail.")
-    anchor_query_tokens: int = Field(
-        96, ge=0, description="Legacy 4-gram anchors: the query pool is the last this many tokens."
-    )
     anchor_radius: int | None = Field(
         None, ge=0, description="4-gram anchor radius in chunks; unset = tier by length."
     )
@@ -247,17 +278,6 @@ class SelectionConfig(Component):
     legacy_repeat_rule: bool | None = Field(
         None, description="Legacy repeat-token rule; unset = by drafter profile (on for qwen35)."
     )
-
-    _check_finite = field_validator("select_top_p", "select_split")(_finite)
-
-    @field_validator("select_chunk_size", mode="before")
-    @classmethod
-    def _by_length(cls, v: Any) -> Any:
-        # a word for the schedule, so a JSON merge patch (k8s overlay) can ask for it: a
-        # patch's null deletes the key, which would bring back the default
-        return None if v == "by_length" else v
-
-    _read_off = field_validator("select_position_prior", mode="before")(_yaml_off)
 
 
 class LexicalConfig(Component):

@@ -6,8 +6,9 @@ components, and offers for every field of every component it holds:
   `config.selection.select_mode`), generated from the components' fields, so code that
   reads knobs does not care whether it was given the whole config, a part or the component;
 - flat input: a mapping may give a knob flat (`select_mode: top_k`) or under its component
-  (`selection: {select_mode: top_k}`); when both forms name one knob, the later key in the
-  mapping wins, as in a dict merge (`{**base, **updates}` over a flat base works either way);
+  (`selection: {select_mode: top_k}`), or under the component it moved from
+  (`Component.moved_from`); when both forms name one knob, the later key in the mapping
+  wins, as in a dict merge (`{**base, **updates}` over a flat base works either way);
 - a flat dump: `model_dump()` (any mode, `exclude_defaults` included) returns
   `{flat key: value}`, so `build_config({**config.model_dump(), **updates})` rebuilds it.
   `include`/`exclude` name the nested form (components, then fields).
@@ -40,10 +41,13 @@ class ComponentSet(BaseModel):
     component_of: ClassVar[dict[str, str]] = {}
     """Flat key -> the name of the component (field) holding it, for this class's components."""
 
+    moved_from: ClassVar[dict[str, str]] = {}
+    """Flat key -> the component that held it before it moved (`Component.moved_from`)."""
+
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
-        cls.component_of = {}
+        cls.component_of, cls.moved_from = {}, {}
         for component, info in cls.model_fields.items():
             kind = info.annotation
             if not (isinstance(kind, type) and issubclass(kind, Component)):
@@ -52,20 +56,26 @@ class ComponentSet(BaseModel):
                 if key in cls.component_of or key in cls.model_fields or hasattr(cls, key):
                     raise TypeError(f"{cls.__name__}: flat key {key!r} is not unique")
                 cls.component_of[key] = component
+                if kind.moved_from is not None:
+                    cls.moved_from[key] = kind.moved_from
                 setattr(cls, key, _flat_property(component, key, field.description))
 
     @classmethod
     def nest(cls, data: Mapping[str, Any]) -> dict[str, Any]:
-        """`data` with every flat key moved under its component, later keys winning. Keys that
-        are neither (unknown, or a component given a non-mapping) are left for validation to
-        name."""
+        """`data` with every flat key moved under its component (a key under the component
+        it moved from, too), later keys winning. Keys that are neither (unknown, or a
+        component given a non-mapping) are left for validation to name."""
         groups: dict[str, dict[str, Any]] = {}
         out: dict[str, Any] = {}
         for key, value in data.items():
             if key in cls.component_of:
                 groups.setdefault(cls.component_of[key], {})[key] = value
             elif key in cls.model_fields and isinstance(value, Mapping | Component):
-                groups.setdefault(key, {}).update(dict(value))
+                for inner, inner_value in dict(value).items():
+                    moved = cls.moved_from.get(inner) == key
+                    groups.setdefault(cls.component_of[inner] if moved else key, {})[inner] = (
+                        inner_value
+                    )
             else:
                 out[key] = value
         for component, values in groups.items():
@@ -88,7 +98,9 @@ class ComponentSet(BaseModel):
         if isinstance(self, part):
             return self
         if issubclass(part, ComponentSet):
-            return part(**{name: getattr(self, name) for name in part.model_fields})
+            # this config's own components, validated with it: taken as they are, since the
+            # request flow builds its parts per request (validating them again cost ~10x)
+            return part.model_construct(**{name: getattr(self, name) for name in part.model_fields})
         for name, info in type(self).model_fields.items():
             if info.annotation is part:
                 return getattr(self, name)

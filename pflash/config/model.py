@@ -37,6 +37,7 @@ from pflash.config.components import (
     Component,
     GateConfig,
     GenerationConfig,
+    LegacySelectionConfig,
     LexicalConfig,
     ScoringConfig,
     SecurityConfig,
@@ -108,13 +109,15 @@ def evidence_weights(
 class PFlashConfig(ComponentSet):
     """All PFlash settings, by component; every knob also readable flat (`config.keep_ratio`).
 
-    The ingress holds this whole object: it runs the whole request flow. The other
-    deployments receive only their part (`DrafterScorerPart`, `TargetModelPart`,
+    The ingress holds this whole object and splits it: the request flow's stages take
+    their components or parts (`AdmissionPart`, `CompressionPart`, `ViewPart`), the other
+    deployments receive only theirs (`DrafterScorerPart`, `TargetModelPart`,
     `ScoringConfig`, `ViewsConfig`).
     """
 
     gate: GateConfig = Field(default_factory=GateConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    legacy: LegacySelectionConfig = Field(default_factory=LegacySelectionConfig)
     lexical: LexicalConfig = Field(default_factory=LexicalConfig)
     views: ViewsConfig = Field(default_factory=ViewsConfig)
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
@@ -193,7 +196,7 @@ class PFlashConfig(ComponentSet):
     @property
     def strict(self) -> bool:
         """Strict (budgeted) selection is active unless the legacy selector was chosen."""
-        return self.select_mode != "legacy"
+        return self.selection.strict
 
     def with_request_overrides(
         self, overrides: RequestOverrides | None = None, **fields: Any
@@ -235,10 +238,47 @@ class RequestOverrides:
 
 
 class DrafterScorerPart(ComponentSet):
-    """What the DrafterScorer reads: the drafter, and from selection `select_mode` (legacy
-    scores) and the legacy scorer's `legacy_query_tokens` and `legacy_pool_kernel`."""
+    """What the DrafterScorer reads: the drafter, from selection `select_mode` (legacy
+    scores) and `select_segments` (the in-process probe), and the legacy scorer's
+    `legacy_query_tokens` and `legacy_pool_kernel`."""
 
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    legacy: LegacySelectionConfig = Field(default_factory=LegacySelectionConfig)
+
+
+class CompressionPart(ComponentSet):
+    """What one prompt's compression reads (`pipeline.prepare`, `finish.finish`): the gate,
+    selection, the legacy selector, lexical evidence, and from scoring whether a segment
+    probe is loaded (`segment_probe_gguf`). Taken from the request's config where the flow
+    splits it (`Compressor`)."""
+
+    gate: GateConfig = Field(default_factory=GateConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    legacy: LegacySelectionConfig = Field(default_factory=LegacySelectionConfig)
+    lexical: LexicalConfig = Field(default_factory=LexicalConfig)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+
+
+class ViewPart(ComponentSet):
+    """What the view decision reads (`views.decision.decide_view`): the views, and the
+    components that decide a selection, whose digest a view is reused under
+    (`views.keys.SELECTION_COMPONENTS`)."""
+
+    views: ViewsConfig = Field(default_factory=ViewsConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    legacy: LegacySelectionConfig = Field(default_factory=LegacySelectionConfig)
+    lexical: LexicalConfig = Field(default_factory=LexicalConfig)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+
+
+class AdmissionPart(ComponentSet):
+    """What a request is checked against before it is rendered
+    (`GenerationRequest.check_allowed`): the server's model names and limits, and from
+    selection whether it is strict (`pflash_required` needs it)."""
+
+    server: ServerConfig = Field(default_factory=ServerConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
 
 

@@ -57,7 +57,7 @@ from pflash.compress.pipeline import (
 from pflash.compress.plan.budget import configured_keep_ratio
 from pflash.compress.scoring import is_skipped_read_ahead
 from pflash.compress.turn_memo import TurnMemo
-from pflash.config import PFlashConfig
+from pflash.config import CompressionPart, PFlashConfig, ViewPart
 from pflash.errors import CompressionFailed, StageUnavailable, runtime_failure
 from pflash.flow.parts import (
     AsyncScorer,
@@ -181,7 +181,7 @@ class Compressor:
             result = passthrough(prompt.ids, text)
             check_context(result, request, max_ctx)
             return Pending(self, request, max_ctx, served=Served(result, prompt.snapshot_cut))
-        r0 = configured_keep_ratio(config, len(prompt.ids))
+        r0 = configured_keep_ratio(config.gate, len(prompt.ids))
         if config.adaptive_keep and request.session_id and request.keep_ratio is None:
             r0 = await self._store_call(
                 "keep_ratio",
@@ -199,7 +199,8 @@ class Compressor:
             session_key=request.conversation or None,  # no key: no drafter session
             r0=r0,
         )
-        prepared = await self.offload(prepare, inp, memo=self.memo, **self._kw(config))
+        compression = config.part(CompressionPart)
+        prepared = await self.offload(prepare, inp, memo=self.memo, **self._kw(compression))
         if not prepared.compress and not self._views_apply(request):
             # the prompt will be served as it is: whether it fits is known now
             check_context(passthrough(prompt.ids, ""), request, max_ctx)
@@ -264,7 +265,7 @@ class Compressor:
             return
         if not config.adaptive_keep:
             return
-        r0 = configured_keep_ratio(config, compressed.original_tokens)
+        r0 = configured_keep_ratio(config.gate, compressed.original_tokens)
         await self._store_call(
             "report_acceptance",
             session,
@@ -274,7 +275,7 @@ class Compressor:
             timeout_s=config.store_call_timeout_s,
         )
 
-    def _kw(self, config: PFlashConfig) -> dict[str, Any]:
+    def _kw(self, config: CompressionPart | ViewPart) -> dict[str, Any]:
         return {
             "config": config,
             "target_tokenizer": self.target_tokenizer,
@@ -327,13 +328,13 @@ class Compressor:
                 subunit=subunit,
                 probe_params=probe_params,
                 memo=self.memo,
-                **self._kw(config),
+                **self._kw(config.part(CompressionPart)),
             )
         except Exception as exc:
             err = unwrap_remote_error(exc)
             stage = err.stage if isinstance(err, CompressionFailed) else stage
             self.record("pflash_errors", stage=stage)
-            if scorer_failure_action(stage, config) == "bypass":
+            if scorer_failure_action(stage, config.server) == "bypass":
                 log.warning(
                     "drafter failed, serving uncompressed (on_drafter_error=bypass): %s", err
                 )
@@ -354,7 +355,7 @@ class Compressor:
     ) -> tuple[Compressed, int | None]:
         """The multi-turn path (§6.1): look the conversation's view up, decide, run the
         drafter only when the decision needs a fresh compression, remember the new view."""
-        tenant = request.tenant
+        tenant, config = request.tenant, request.config.part(ViewPart)
         started = time.perf_counter()
         keys = view_keys(prepared, self.target_tokenizer, self.drafter_tokenizer)
         view = await self._store_call(
@@ -369,7 +370,7 @@ class Compressor:
                 tenant=tenant,
                 conversation=request.conversation,
                 now=time.time(),
-                **self._kw(request.config),
+                **self._kw(config),
             )
 
         decision = await self.offload(decide, None)

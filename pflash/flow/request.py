@@ -18,7 +18,7 @@ from pflash.compress.render.rendered import (
     render_chat_prompt,
     render_completion_prompt,
 )
-from pflash.config import PFlashConfig
+from pflash.config import PFlashConfig, ServerConfig
 from pflash.errors import CompressionFailed, InvalidRequest
 from pflash.models.target.protocol import SamplingParams
 
@@ -118,7 +118,7 @@ def tenant_of(conversation: str) -> str:
     return conversation.split(":", 1)[0]
 
 
-def check_prompt_limit(prompt: RenderedPrompt, config: PFlashConfig) -> None:
+def check_prompt_limit(prompt: RenderedPrompt, config: ServerConfig) -> None:
     """`max_prompt_tokens`: a prompt past what the deployment is sized for is a 400 before
     any model runs (prompts over the target's context but under it are compressed to fit)."""
     limit = config.max_prompt_tokens

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pflash.config import ServerConfig
 from pflash.errors import InvalidRequest, PFlashError
 from pflash.models.target.protocol import SamplingParams
 from pflash.serving.envelope import http_error
@@ -87,7 +88,7 @@ def cap_output(params: SamplingParams, cap: int | None) -> SamplingParams:
     return params
 
 
-def request_params(req: Any, config: Any) -> SamplingParams:
+def request_params(req: Any, config: ServerConfig) -> SamplingParams:
     """The sampling parameters a parsed request runs with: its own, with `max_output_tokens`
     applied (`cap_output`). Computed once per request; planning and the target both read it."""
     return cap_output(req.sampling_params(), config.max_output_tokens)

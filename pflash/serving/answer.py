@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel
 
 from pflash.compress.pipeline import Compressed
-from pflash.config import PFlashConfig
+from pflash.config import ServerConfig
 from pflash.errors import CompressionFailed, StageUnavailable
 from pflash.flow.compressor import Served
 from pflash.flow.request import tenant_of
@@ -80,7 +80,7 @@ class Call:
     - `request_id`: what its responses and its log lines name it by;
     - `request`: the chat or completion request (an edge API's as its chat request);
     - `answer`: the strategy that writes the answer (`Answer`);
-    - `config`: the server's config with the request's overrides applied;
+    - `config`: the server component of the server's config (timeouts, tool-call parser);
     - `params`: the sampling parameters the target gets (the output cap applied);
     - `meta`: the id, model and creation time every response and chunk carries;
     - `conversation`: the conversation key (affinity; it starts with the tenant, which
@@ -94,7 +94,7 @@ class Call:
     request_id: str
     request: GenerationRequest
     answer: type[Answer]
-    config: PFlashConfig
+    config: ServerConfig
     params: SamplingParams
     meta: ResponseMeta
     conversation: str

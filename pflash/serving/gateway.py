@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.text.encoding_memo import EncodingMemo
-from pflash.config import PFlashConfig
+from pflash.config import AdmissionPart, PFlashConfig
 from pflash.flow.compressor import Compressor
 from pflash.flow.request import check_prompt_limit, compression_request, render_request
 from pflash.models.target.protocol import SamplingParams
@@ -123,7 +123,7 @@ class Gateway:
             request_id=request_id(request),
             request=req,
             answer=answer,
-            config=config,
+            config=config.server,
             params=admitted.params,
             meta=ResponseMeta.new(req.model or config.served_model_names[0], answer.id_prefix),
             conversation=job.conversation,
@@ -224,7 +224,7 @@ class Gateway:
             memo=self.encodings,
             scope=tenant.id,
         )
-        check_prompt_limit(prompt, config)
+        check_prompt_limit(prompt, config.server)
         return Admitted(tenant, exchange, req, config, params, prompt)
 
     def _parse(
@@ -242,9 +242,9 @@ class Gateway:
         exchange = edge.parse(body, headers) if edge is not None else None
         req = exchange.chat if exchange is not None else answer.parse(body)
         config = self.config
-        req.check_allowed(config)
+        req.check_allowed(config.part(AdmissionPart))
         config = config.with_request_overrides(req.overrides())
-        params = request_params(req, config)
+        params = request_params(req, config.server)
         check_prompt_bound(req, answer.kind, self.token_bound, config.max_prompt_tokens)
         return exchange, req, config, params
 

@@ -34,7 +34,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from pflash.config import PFlashConfig, RequestOverrides
+from pflash.config import AdmissionPart, RequestOverrides
 from pflash.errors import InvalidRequest, ModelNotFound
 from pflash.models.target.protocol import SamplingParams
 from pflash.serving.output_format import ResponseFormat, output_format
@@ -216,7 +216,7 @@ class GenerationRequest(BaseModel):
         `pflash_keep_ratio`)."""
         return RequestOverrides(mode=self.pflash_mode, keep_ratio=self.pflash_keep_ratio)
 
-    def check_allowed(self, config: PFlashConfig) -> None:
+    def check_allowed(self, config: AdmissionPart) -> None:
         """Rules that depend on the server's config; raise `InvalidRequest` when broken."""
         if self.model is not None and self.model not in config.served_model_names:
             raise ModelNotFound(self.model, config.served_model_names)
@@ -233,7 +233,7 @@ class GenerationRequest(BaseModel):
                 param="pflash_return_prompt",
                 code="unsupported_value",
             )
-        if self.pflash_required and not config.strict:
+        if self.pflash_required and not config.selection.strict:
             raise InvalidRequest(
                 "pflash_required needs strict selection (select_mode is legacy)",
                 param="pflash_required",

@@ -19,7 +19,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from pflash.config import PFlashConfig
+from pflash.config import ViewsConfig
 
 EMA_DECAY = 0.7  # ema = 0.7 ema + 0.3 accept
 HIGH, VERY_HIGH = 0.85, 0.90  # acceptance above: keep less
@@ -93,7 +93,7 @@ class AdaptiveKeep:
         self._states: OrderedDict[str, AdaptiveState] = OrderedDict()
 
     @classmethod
-    def from_config(cls, config: PFlashConfig) -> AdaptiveKeep:
+    def from_config(cls, config: ViewsConfig) -> AdaptiveKeep:
         return cls(
             capacity=config.adaptive_sessions,
             lo=config.adaptive_min,

@@ -35,7 +35,7 @@ from pflash.compress.pipeline import Compressed, Prepared
 from pflash.compress.plan.query import Plan
 from pflash.compress.render.chat import FAMILIES, ChatLayout, Turn, resolve_marker
 from pflash.compress.text import encoding
-from pflash.config import PFlashConfig
+from pflash.config import ViewPart
 from pflash.spans import (
     Span,
     SpanIndex,
@@ -75,7 +75,7 @@ def decide_view(
     *,
     tenant: str,
     conversation: str,
-    config: PFlashConfig,
+    config: ViewPart,
     target_tokenizer: Tokenizer,
     drafter_tokenizer: Tokenizer,
     now: float,
@@ -328,13 +328,13 @@ def _asks(text: str, turn: Turn) -> bool:
 # --------------------------------------------------------------------------- decision steps
 
 
-def _views_on(prepared: Prepared, config: PFlashConfig) -> bool:
+def _views_on(prepared: Prepared, config: ViewPart) -> bool:
     """§6.1 preconditions that do not depend on tokens: chat_view, strict selection, a chat
     request whose prompt has a generation prompt."""
     plan = prepared.plan
     return (
         config.chat_view
-        and config.strict
+        and config.selection.strict
         and plan.input_kind == "messages"
         and plan.layout is not None
         and plan.layout.has_generation_prompt
@@ -342,7 +342,7 @@ def _views_on(prepared: Prepared, config: PFlashConfig) -> bool:
 
 
 def _prompt_facts(
-    prepared: Prepared, target_tokenizer: Tokenizer, config: PFlashConfig
+    prepared: Prepared, target_tokenizer: Tokenizer, config: ViewPart
 ) -> _Prompt | None:
     """The new prompt's generation prompt in both vocabularies and its options' digest, or
     None when the target-encoded generation prompt is not a suffix of the raw prompt (§6.1

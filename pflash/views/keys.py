@@ -19,7 +19,7 @@ import numpy as np
 from pflash.compress.pipeline import Prepared
 from pflash.compress.plan.query import Plan
 from pflash.compress.text import encoding
-from pflash.config import PFlashConfig
+from pflash.config import ViewPart
 
 
 def token_digest(ids: Sequence[int]) -> str:
@@ -28,12 +28,13 @@ def token_digest(ids: Sequence[int]) -> str:
 
 
 # The config components whose fields change what a fresh compression keeps: the gate (mode,
-# threshold, keep ratio, curve), selection, lexical evidence and the scorer. Views settings
-# (recall, compress-new) change how a view is extended, not what it holds.
-SELECTION_COMPONENTS = ("gate", "selection", "lexical", "scoring")
+# threshold, keep ratio, curve), selection, the legacy scorer's (`select_scorer: split`),
+# lexical evidence and the scorer. Views settings (recall, compress-new) change how a view
+# is extended, not what it holds.
+SELECTION_COMPONENTS = ("gate", "selection", "legacy", "lexical", "scoring")
 
 
-def selection_digest(prepared: Prepared, config: PFlashConfig) -> str:
+def selection_digest(prepared: Prepared, config: ViewPart) -> str:
     """Hex digest of what decides a selection besides the prompt: the request's
     `pflash_query` and `pflash_required`, and the effective config (request overrides
     applied) of `SELECTION_COMPONENTS`.

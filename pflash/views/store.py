@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from pflash.config import PFlashConfig
+from pflash.config import ViewsConfig
 from pflash.views.keys import PrefixHash
 from pflash.views.records import View
 
@@ -76,7 +76,7 @@ class ViewStore:
         self._lock = threading.Lock()  # held by every public method; internals assume it
 
     @classmethod
-    def from_config(cls, config: PFlashConfig, **kwargs) -> ViewStore:
+    def from_config(cls, config: ViewsConfig, **kwargs) -> ViewStore:
         return cls(config.view_capacity, config.view_ttl_s, **kwargs)
 
     def reconfigure(self, capacity: int, ttl_s: float) -> None:

@@ -248,12 +248,14 @@ LAYOUT = {
         ],
         "chat_question_pin_tokens": 64,
         "chat_history_queries": 3,
+        "anchor_query_tokens": 96,  # lexical evidence's tail pool reads it too
+    },
+    "legacy": {  # once under selection
         "legacy_chunk_size": 32,
         "legacy_query_tokens": 8,
         "legacy_pool_kernel": 13,
         "legacy_head_chunks": 8,
         "legacy_tail_chunks": 24,
-        "anchor_query_tokens": 96,
         "anchor_radius": None,
         "anchor_max_hits": None,
         "repeat_min": 4,
@@ -389,12 +391,12 @@ SAMPLES = [
     ),
     ("chat_question_pin_tokens", 0, "0", 0),
     ("chat_history_queries", 1, "1", 1),
+    ("anchor_query_tokens", 48, "48", 48),
     ("legacy_chunk_size", 64, "64", 64),
     ("legacy_query_tokens", 16, "16", 16),
     ("legacy_pool_kernel", 7, "7", 7),
     ("legacy_head_chunks", 2, "2", 2),
     ("legacy_tail_chunks", 4, "4", 4),
-    ("anchor_query_tokens", 48, "48", 48),
     ("anchor_radius", 3, "3", 3),
     ("anchor_max_hits", 5, "5", 5),
     ("repeat_min", 2, "2", 2),
@@ -657,6 +659,24 @@ def test_unknown_flat_and_nested_keys_fail_naming_the_key(data, key, hint):
     assert hint in err.value.allowed
 
 
+def test_legacy_keys_load_under_selection_where_they_were_before_their_own_component():
+    """The legacy selector's keys moved from `selection` to `legacy`: a config that nests
+    them under selection means what it meant, and so does one that nests them under legacy."""
+    old = build_config({"selection": {"select_mode": "legacy", "legacy_chunk_size": 64}}, env={})
+    new = build_config({"selection": {"select_mode": "legacy"}, "legacy": {"legacy_chunk_size": 64}}, env={})  # fmt: skip
+    flat = build_config({"select_mode": "legacy", "legacy_chunk_size": 64}, env={})
+    assert old == new == flat
+    assert (old.legacy.legacy_chunk_size, old.legacy_chunk_size, old.strict) == (64, 64, False)
+    later = build_config({"legacy_chunk_size": 16, "selection": {"legacy_chunk_size": 64}}, env={})
+    assert later.legacy_chunk_size == 64  # the later key wins, as for any nested key
+    with pytest.raises(ConfigError) as err:
+        build_config({"selection": {"repeat_min": 0}}, env={})
+    assert (err.value.key, err.value.value) == ("repeat_min", 0)
+    with pytest.raises(ConfigError) as err:  # only under the component it moved from
+        build_config({"gate": {"legacy_chunk_size": 64}}, env={})
+    assert "belongs to legacy" in err.value.allowed
+
+
 def test_nested_errors_name_the_flat_key_value_and_allowed():
     with pytest.raises(ConfigError) as err:
         build_config({"gate": {"keep_ratio": 2}}, env={})
@@ -675,8 +695,9 @@ def test_nested_errors_name_the_flat_key_value_and_allowed():
 def test_a_part_holds_only_its_components_and_reads_their_knobs_flat():
     cfg = build_config({"keep_ratio": 0.2, "drafter_sessions": 0, "max_context": 4096}, env={})
     drafter = cfg.part(DrafterScorerPart)
-    assert set(DrafterScorerPart.model_fields) == {"scoring", "selection"}
+    assert set(DrafterScorerPart.model_fields) == {"scoring", "selection", "legacy"}
     assert (drafter.scoring, drafter.selection) == (cfg.scoring, cfg.selection)
+    assert drafter.legacy is cfg.legacy and drafter.legacy_pool_kernel == 13  # not rebuilt
     assert drafter.drafter_sessions == 0 and drafter.select_mode == "budget_only"
     with pytest.raises(AttributeError):
         drafter.keep_ratio  # noqa: B018
@@ -686,7 +707,7 @@ def test_a_part_holds_only_its_components_and_reads_their_knobs_flat():
     assert cfg.part(ViewsConfig) is cfg.views and cfg.part(ScoringConfig) is cfg.scoring
     assert set(drafter.model_dump()) == set(cfg.scoring.model_dump()) | set(
         cfg.selection.model_dump()
-    )
+    ) | set(cfg.legacy.model_dump())
 
 
 def test_a_part_is_rebuilt_from_its_keys_and_a_live_update_of_any_knob():

@@ -331,7 +331,7 @@ def test_split_scorer_returns_head_mass_and_legacy_scores_from_one_forward(score
 
 
 def test_scorer_given_only_its_part_scores_like_the_whole_config():
-    """The DrafterScorer deployment holds only DrafterScorerPart (scoring + selection)."""
+    """The DrafterScorer deployment holds only DrafterScorerPart (scoring, selection, legacy)."""
     config = build_config(UNTUNED | {"drafter_head_layer": 2, "drafter_chunk_tokens": 16}, env={})
     whole = DrafterScorer(config, loaded_tiny("llama"))
     part = DrafterScorer(config.part(DrafterScorerPart), whole.loaded)

@@ -59,7 +59,7 @@ from pflash.compress.scoring import ScoreRequest, ScoreResult
 from pflash.compress.selection.candidates import Candidates, split_candidates
 from pflash.compress.text.sentences import ends_sentence, split_sentences
 from pflash.compress.turn_memo import TurnMemo
-from pflash.config import PFlashConfig
+from pflash.config import SelectionConfig
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, TokenizedText, subtract
 
@@ -263,7 +263,7 @@ def mix_evidence(
 def evidence_request(
     plan: Plan,
     pinned: Sequence[Span],
-    config: PFlashConfig,
+    config: SelectionConfig,
     *,
     suffix: bool,
     memo: TurnMemo | None = None,
@@ -378,7 +378,7 @@ def cut_at_passages(
 def passage_signals(
     req: ScoreRequest,
     scores: ScoreResult,
-    config: PFlashConfig,
+    config: SelectionConfig,
     drafter: TokenizedText,
     *,
     whole_block_tokens: int = 0,

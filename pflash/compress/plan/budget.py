@@ -20,7 +20,7 @@ from pflash.compress.plan.segments import (
     required_grid_tokens,
     scheduled_chunk_size,
 )
-from pflash.config import PFlashConfig
+from pflash.config import CompressionPart, GateConfig
 from pflash.errors import CompressionFailed
 from pflash.spans import Span, canonicalize
 
@@ -41,7 +41,7 @@ def curve_ratio(curve: tuple[tuple[int, float], ...], prompt_tokens: int) -> flo
     return curve[-1][1]
 
 
-def configured_keep_ratio(config: PFlashConfig, prompt_tokens: int) -> float:
+def configured_keep_ratio(config: GateConfig, prompt_tokens: int) -> float:
     """r0 for a prompt of `prompt_tokens` target tokens: the curve if set, else keep_ratio."""
     if config.curve:
         return curve_ratio(config.curve, prompt_tokens)
@@ -249,7 +249,7 @@ def plan_budget(
 
 def plan_budget_for(
     plan: Plan,
-    config: PFlashConfig,
+    config: CompressionPart,
     *,
     prompt_tokens: int,
     max_ctx: int | None,
@@ -264,7 +264,7 @@ def plan_budget_for(
     length schedule, never larger than the token budget at r0 (`fitted_chunk_size`).
     """
     s = plan.n_tokens
-    r0 = configured_keep_ratio(config, prompt_tokens) if r0 is None else r0
+    r0 = configured_keep_ratio(config.gate, prompt_tokens) if r0 is None else r0
     chunk = fitted_chunk_size(scheduled_chunk_size(s, config.select_chunk_size), math.floor(s * r0))
     return plan_budget(
         n_tokens=s,

@@ -28,7 +28,7 @@ from pflash.compress.render.instructions import (
 from pflash.compress.render.rerender import Rerender
 from pflash.compress.text import encoding
 from pflash.compress.text.sentences import sentence_ends
-from pflash.config import PFlashConfig
+from pflash.config import SelectionConfig
 from pflash.errors import CompressionFailed, InvalidRequest
 from pflash.spans import (
     MAX_INSTRUCTION_SPANS,
@@ -213,7 +213,7 @@ def plan_prompt(
     prompt_text: str,
     drafter_tokenizer,
     target_tokenizer,
-    config: PFlashConfig,
+    config: SelectionConfig,
     messages: Sequence[Mapping] | str | None = None,
     tools: Sequence[Mapping] | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
@@ -371,7 +371,7 @@ def _derive_query(
     chat: ChatInput | None,
     content: Span,
     parser: str,
-    config: PFlashConfig,
+    config: SelectionConfig,
     drafter_tokenizer,
 ) -> tuple[str, Span, Span | None]:
     """(rule, query span, turn window) without an explicit query, in the reference's order
@@ -494,7 +494,7 @@ def _required_spans(
     return required, agent_loop
 
 
-def _required_texts(pflash_required: Any, config: PFlashConfig) -> tuple[str, ...]:
+def _required_texts(pflash_required: Any, config: SelectionConfig) -> tuple[str, ...]:
     if pflash_required is None:
         return ()
     if isinstance(pflash_required, str) or not isinstance(pflash_required, Sequence):

@@ -38,7 +38,9 @@ class LegacyParams:
 
     @classmethod
     def from_config(cls, config, *, repeat_rule: bool = False) -> LegacyParams:
-        """From a PFlashConfig; `repeat_rule` is the drafter profile's choice (Qwen3.5)."""
+        """From the compression's config (`CompressionPart`: the legacy component and
+        selection's `anchor_query_tokens`); `repeat_rule` is the drafter profile's choice
+        (Qwen3.5)."""
         return cls(
             chunk_size=config.legacy_chunk_size,
             head_chunks=config.legacy_head_chunks,
