@@ -46,8 +46,8 @@ from typing import Any
 from pflash.compress.finish import finish
 from pflash.compress.pipeline import (
     Compressed,
+    CompressionRequest,
     Prepared,
-    PromptInput,
     ms_since,
     passthrough,
     prepare,
@@ -68,7 +68,6 @@ from pflash.flow.parts import (
     unwrap_remote_error,
 )
 from pflash.flow.request import (
-    CompressionRequest,
     check_context,
     check_required,
 )
@@ -95,14 +94,14 @@ class Pending:
     """A request whose planning is done (`Compressor.start`): the client's mistakes that
     planning finds are raised by then. `finish` runs the rest of the flow.
 
-    - `max_context`: the target's context (target tokens), or None;
+    - `request`: the request with what the flow learns before planning filled in (the
+      target's context, r0);
     - `prepared`: `pipeline.prepare` of the prompt; None in mode off;
     - `served`: the answer when planning already decided it (mode off), else None.
     """
 
     compressor: Compressor = field(repr=False)
     request: CompressionRequest
-    max_context: int | None
     prepared: Prepared | None = None
     served: Served | None = None
 
@@ -175,12 +174,12 @@ class Compressor:
         explicit query or required string not in the prompt, mandatory parts (or a prompt
         the gate leaves whole) that cannot fit the context with max_tokens."""
         config, prompt = request.config, request.prompt
-        max_ctx = await self.max_context()
+        request = replace(request, max_context=await self.max_context())
         if config.mode == "off":
             text = prompt.text if request.keep_text else ""
             result = passthrough(prompt.ids, text)
-            check_context(result, request, max_ctx)
-            return Pending(self, request, max_ctx, served=Served(result, prompt.snapshot_cut))
+            check_context(result, request)
+            return Pending(self, request, served=Served(result, prompt.snapshot_cut))
         r0 = configured_keep_ratio(config, len(prompt.ids))
         if config.adaptive_keep and request.session_id and request.keep_ratio is None:
             r0 = await self._store_call(
@@ -190,20 +189,12 @@ class Compressor:
                 default=r0,
                 timeout_s=config.store_call_timeout_s,
             )
-        inp = PromptInput(
-            prompt,
-            pflash_query=request.pflash_query,
-            pflash_required=request.pflash_required,
-            max_output=request.max_output,
-            max_context=max_ctx,
-            session_key=request.conversation or None,  # no key: no drafter session
-            r0=r0,
-        )
-        prepared = await self.offload(prepare, inp, memo=self.memo, **self._kw(config))
+        request = replace(request, r0=r0)
+        prepared = await self.offload(prepare, request, memo=self.memo, **self._kw(config))
         if not prepared.compress and not self._views_apply(request):
             # the prompt will be served as it is: whether it fits is known now
-            check_context(passthrough(prompt.ids, ""), request, max_ctx)
-        return Pending(self, request, max_ctx, prepared)
+            check_context(passthrough(prompt.ids, ""), request)
+        return Pending(self, request, prepared)
 
     async def _finish(self, pending: Pending) -> Served:
         request, prepared = pending.request, pending.prepared
@@ -216,7 +207,7 @@ class Compressor:
             # the render's cut indexes the raw prompt: only valid when that is served
             cut = None if result.compressed else request.prompt.snapshot_cut
         check_required(result, request.pflash_required)
-        check_context(result, request, pending.max_context)
+        check_context(result, request)
         return Served(result, cut)
 
     def _views_apply(self, request: CompressionRequest) -> bool:

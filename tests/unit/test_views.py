@@ -16,7 +16,7 @@ import pytest
 
 from pflash.compress.assemble import RECALL_FOOTER, RECALL_HEADER
 from pflash.compress.finish import finish
-from pflash.compress.pipeline import PromptInput, prepare
+from pflash.compress.pipeline import CompressionRequest, prepare
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
@@ -83,10 +83,10 @@ class Conversation:
         self.scored = 0
 
     def prepare(self, messages, max_context=None, config=None, **options):
-        """`options`: the request's own PromptInput fields (pflash_query, pflash_required)."""
+        """`options`: the request's own CompressionRequest fields (pflash_query, pflash_required)."""
         text = render_chat(self.target, messages)
         ids = tuple(self.target(text, add_special_tokens=False)["input_ids"])
-        inp = PromptInput(
+        inp = CompressionRequest(
             RenderedPrompt("chat", tuple(ids), self.target, messages=messages),
             max_output=MAX_OUTPUT,
             max_context=max_context or self.max_context,
@@ -617,7 +617,7 @@ def test_raw_completion_has_no_view(smollm2_tokenizer):
     conv = Conversation(smollm2_tokenizer)
     ids = tuple(smollm2_tokenizer(_document() + "\n\n" + QUESTION)["input_ids"])
     prepared = prepare(
-        PromptInput(RenderedPrompt("completion", tuple(ids), smollm2_tokenizer)),
+        CompressionRequest(RenderedPrompt("completion", tuple(ids), smollm2_tokenizer)),
         config=conv.config,
         target_tokenizer=smollm2_tokenizer,
         drafter_tokenizer=smollm2_tokenizer,
