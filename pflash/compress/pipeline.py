@@ -134,6 +134,9 @@ class Compressed:
     - `part_spans`: with `Prepared.part_begin` > 0, the drafter spans kept when the part
       from there on is selected on its own at r0 (what a view appends, §6.1 step 9), and
       `part_begin` that drafter token; empty and 0 otherwise.
+    - `snapshot_cut`: where the target's KV snapshot may be cut (target tokens: the
+      generation-prompt start, so the next turn extends the snapshot); set by the flow
+      (`Compressor`) once it knows what is served, None where no cut is known.
     """
 
     compressed: bool
@@ -152,6 +155,7 @@ class Compressed:
     budget_ratio: float | None = None
     part_spans: tuple[Span, ...] = ()
     part_begin: int = 0
+    snapshot_cut: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stats", {**self.stats, **ratio_stats(self)})

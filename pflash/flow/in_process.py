@@ -133,4 +133,4 @@ def compress_in_process(
         max_context=request.pop("max_context", None),
     )
     job = CompressionRequest(prompt=prompt, config=config, keep_text=True, **request)
-    return compressor.run_sync(job).compressed
+    return compressor.run_sync(job)

@@ -310,7 +310,7 @@ def _flow(tokenizer, store):
         target_tokenizer=tokenizer,
         drafter_tokenizer=tokenizer,
         scorer=local_scorer(score),
-        store=LocalStore(store),
+        store=LocalStore(store) if store is not None else None,
         max_context=8192,
     )
 
@@ -327,9 +327,9 @@ def test_a_request_naming_a_required_string_gets_it_though_its_prompt_has_a_view
     smollm2_tokenizer,
 ):
     flow = _flow(smollm2_tokenizer, ViewStore(16, 3600.0))
-    a = flow.run_sync(_request(smollm2_tokenizer)).compressed
+    a = flow.run_sync(_request(smollm2_tokenizer))
     assert FACT not in a.served_text and a.stats["view"]["mode"] == "fresh"
-    b = flow.run_sync(_request(smollm2_tokenizer, pflash_required=[FACT])).compressed
+    b = flow.run_sync(_request(smollm2_tokenizer, pflash_required=[FACT]))
     assert b.stats["view"]["mode"] == "rebuild"
     assert FACT in b.served_text and NEEDLE in b.served_text
 
@@ -344,6 +344,21 @@ def test_a_required_string_missing_from_what_is_served_fails_closed(smollm2_toke
         flow.run_sync(_request(smollm2_tokenizer, pflash_required=[FACT]))
     assert info.value.stage == "required_check"
     assert error_response(info.value)[0] == 500
+
+
+def test_the_flows_result_says_where_the_target_may_cut_its_snapshot(smollm2_tokenizer):
+    """A view-served turn: its generation prompt's start in what is served; the prompt served
+    as sent: the render's cut; a fresh compression without views: none (the render's cut
+    indexes the prompt as sent, not what is served)."""
+    job = _request(smollm2_tokenizer)
+    viewed = _flow(smollm2_tokenizer, ViewStore(16, 3600.0)).run_sync(job)
+    gen = _gen_prompt(smollm2_tokenizer)
+    assert viewed.compressed and viewed.snapshot_cut == len(viewed.served_ids) - len(gen)
+    fresh = _flow(smollm2_tokenizer, None).run_sync(job)
+    assert fresh.compressed and fresh.snapshot_cut is None
+    off = replace(job, config=job.config.with_request_overrides(mode="off"))
+    whole = _flow(smollm2_tokenizer, None).run_sync(off)
+    assert not whole.compressed and whole.snapshot_cut == job.prompt.snapshot_cut is not None
 
 
 # --------------------------------------------------------------------------- continue
