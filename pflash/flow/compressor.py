@@ -29,9 +29,9 @@ Fail closed: a scorer, probe, mapping, selection or ceiling failure raises
 once the scores are in is selection's (or the stage it names) and is never bypassed. Every
 `pflash_required` string is checked in what is served, whatever served it.
 
-The request it takes and the checks on it are in `pflash.flow.request`, the protocols of
-the injected parts in `pflash.flow.parts`, and their in-process versions in
-`pflash.flow.in_process`.
+The request it takes (`pipeline.CompressionRequest`) is made from an API request and checked
+in `pflash.flow.request`, the protocols of the injected parts are in `pflash.flow.parts`, and
+their in-process versions in `pflash.flow.in_process`.
 """
 
 from __future__ import annotations
