@@ -80,7 +80,7 @@ def serve_turns(
             "tenant-a",
             request_params(req, config),
         )
-        out.append(flow.run_sync(job).compressed)
+        out.append(flow.run_sync(job))
     return out
 
 

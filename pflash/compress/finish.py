@@ -262,7 +262,7 @@ def _select_part(
     and a budget of its mandatory tokens plus r0 of the rest.
 
     Why: a view appends this part (a tool output, a paste) to what it already serves. Taking
-    the part's share of a whole-prompt selection left a 900-token tool output 13 tokens (the
+    the part's share of a whole-prompt selection left a long tool output almost nothing (the
     whole budget went to earlier text the view already holds, or had dropped), so an agent's
     view lost each new output; selected on its own, each part is kept at the keep ratio,
     and the view grows by r0 of what the conversation adds.

@@ -8,7 +8,7 @@ which `pflash/flow/compressor.py` (the one flow every caller uses) awaits betwee
     finish(prepared, scores)   select, assemble, ceiling retries (finish.py)
 
 Here: the first half, the records the halves and their caller hand each other
-(`PromptInput`, `Prepared`, `Compressed` and the ratio stats every path reports through
+(`CompressionRequest`, `Prepared`, `Compressed` and the ratio stats every path reports through
 `Compressed`), the results that serve the prompt as sent (`passthrough`, `uncompressed`)
 and what a failed stage leads to (`scorer_failure_action`). finish.py reads the records
 from here; nothing here imports it.
@@ -32,24 +32,54 @@ from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreRequest
 from pflash.compress.text import encoding
 from pflash.compress.turn_memo import TurnMemo
-from pflash.config import CompressionPart, ServerConfig
+from pflash.config import CompressionPart, PFlashConfig, ServerConfig
 from pflash.spans import Span
 
 
 @dataclass(frozen=True)
-class PromptInput:
-    """One prompt to compress: the prompt as rendered (`RenderedPrompt`: its **target**
-    tokens, exactly what the target would prefill, and for a chat the inputs that rendered
-    them, so pins can be found by re-rendering, and the encoding the render made, which
-    planning reuses), and what the request asks of its compression."""
+class CompressionRequest:
+    """One request from admission to the drafter call: the prompt as rendered
+    (`RenderedPrompt`: its **target** tokens, exactly what the target would prefill, and for
+    a chat the inputs that rendered them, so pins can be found by re-rendering, and the
+    encoding the render made, which planning reuses), what the request asks of its
+    compression, and what the flow learns before planning it.
+
+    - `config`: the server config with this request's allowed overrides applied; the flow
+      (`Compressor`) reads it, the stages are handed their settings, so a request planned
+      without the flow may leave it None;
+    - `tenant`: whose state (views) this request may see; `conversation`: its affinity key
+      (also the drafter/target session id, `session_key`); `session_id`: the client's own
+      session id (the adaptive keep ratio follows only client-named sessions);
+    - `pflash_query`, `pflash_required`: the request's explicit question and required strings;
+    - `max_output`: max_tokens (target tokens; 0 when unset);
+    - `keep_text`: the caller needs the served text even when nothing is compressed
+      (pflash_return_prompt), so mode off decodes it;
+    - `keep_ratio`: the request's own `pflash_keep_ratio` (already applied to `config`), or
+      None. A request that names its ratio gets it: the adaptive controller moves only the
+      server's ratio, never one the request set;
+    - `max_context`, `r0`: the target's context (target tokens) and the keep ratio the
+      budget starts from (configured, or the adaptive controller's for this session), filled
+      in by the flow (`replace`) before `prepare` reads them; None: no context to fit, and
+      the configured ratio.
+    """
 
     prompt: RenderedPrompt
+    config: PFlashConfig | None = None
+    tenant: str = "anonymous"
+    conversation: str = ""
+    session_id: str | None = None
     pflash_query: str | None = None
     pflash_required: tuple[str, ...] = ()
     max_output: int = 0
+    keep_text: bool = False
+    keep_ratio: float | None = None
     max_context: int | None = None
-    session_key: str | None = None
-    r0: float | None = None  # the adaptive controller's ratio for this session, if any
+    r0: float | None = None
+
+    @property
+    def session_key(self) -> str | None:
+        """The drafter session and turn memo key: the conversation key (none: no session)."""
+        return self.conversation or None
 
 
 @dataclass(frozen=True)
@@ -60,7 +90,7 @@ class Prepared:
     `reason` says why. `score_request` is None exactly then.
     """
 
-    input: PromptInput
+    input: CompressionRequest
     prompt_text: str
     plan: Plan
     budget: BudgetPlan | None
@@ -104,6 +134,9 @@ class Compressed:
     - `part_spans`: with `Prepared.part_begin` > 0, the drafter spans kept when the part
       from there on is selected on its own at r0 (what a view appends, §6.1 step 9), and
       `part_begin` that drafter token; empty and 0 otherwise.
+    - `snapshot_cut`: where the target's KV snapshot may be cut (target tokens: the
+      generation-prompt start, so the next turn extends the snapshot); set by the flow
+      (`Compressor`) once it knows what is served, None where no cut is known.
     """
 
     compressed: bool
@@ -122,6 +155,7 @@ class Compressed:
     budget_ratio: float | None = None
     part_spans: tuple[Span, ...] = ()
     part_begin: int = 0
+    snapshot_cut: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stats", {**self.stats, **ratio_stats(self)})
@@ -155,7 +189,7 @@ def ratio_stats(result: Compressed) -> dict[str, float | None]:
 
 
 def prepare(
-    inp: PromptInput,
+    inp: CompressionRequest,
     *,
     config: CompressionPart,
     target_tokenizer,
@@ -177,7 +211,7 @@ def prepare(
 
 
 def _prepare(
-    inp: PromptInput,
+    inp: CompressionRequest,
     *,
     config: CompressionPart,
     target_tokenizer,
@@ -250,7 +284,7 @@ def _prepare(
 
 
 def _prepare_legacy(
-    inp: PromptInput, prompt_text: str, plan: Plan, config: CompressionPart
+    inp: CompressionRequest, prompt_text: str, plan: Plan, config: CompressionPart
 ) -> Prepared:
     """Legacy (v1) path: gate on the prompt length alone, tail scorer over the query rows."""
     prompt_tokens = len(inp.prompt.ids)

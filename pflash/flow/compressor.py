@@ -29,9 +29,9 @@ Fail closed: a scorer, probe, mapping, selection or ceiling failure raises
 once the scores are in is selection's (or the stage it names) and is never bypassed. Every
 `pflash_required` string is checked in what is served, whatever served it.
 
-The request it takes and the checks on it are in `pflash.flow.request`, the protocols of
-the injected parts in `pflash.flow.parts`, and their in-process versions in
-`pflash.flow.in_process`.
+The request it takes (`pipeline.CompressionRequest`) is made from an API request and checked
+in `pflash.flow.request`, the protocols of the injected parts are in `pflash.flow.parts`, and
+their in-process versions in `pflash.flow.in_process`.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from typing import Any
 from pflash.compress.finish import finish
 from pflash.compress.pipeline import (
     Compressed,
+    CompressionRequest,
     Prepared,
-    PromptInput,
     ms_since,
     passthrough,
     prepare,
@@ -68,7 +68,6 @@ from pflash.flow.parts import (
     unwrap_remote_error,
 )
 from pflash.flow.request import (
-    CompressionRequest,
     check_context,
     check_required,
 )
@@ -82,31 +81,22 @@ READ_AHEAD_MAX = 4  # background drafter passes in flight per compressor (`_read
 
 
 @dataclass(frozen=True)
-class Served:
-    """What the target is asked to prefill, and where its KV snapshot may be cut (target
-    tokens: the generation-prompt start, so the next turn extends the snapshot)."""
-
-    compressed: Compressed
-    snapshot_cut: int | None
-
-
-@dataclass(frozen=True)
 class Pending:
     """A request whose planning is done (`Compressor.start`): the client's mistakes that
     planning finds are raised by then. `finish` runs the rest of the flow.
 
-    - `max_context`: the target's context (target tokens), or None;
+    - `request`: the request with what the flow learns before planning filled in (the
+      target's context, r0);
     - `prepared`: `pipeline.prepare` of the prompt; None in mode off;
     - `served`: the answer when planning already decided it (mode off), else None.
     """
 
     compressor: Compressor = field(repr=False)
     request: CompressionRequest
-    max_context: int | None
     prepared: Prepared | None = None
-    served: Served | None = None
+    served: Compressed | None = None
 
-    async def finish(self) -> Served:
+    async def finish(self) -> Compressed:
         """View → drafter → probe → select/assemble → checks; fail closed."""
         if self.served is not None:
             return self.served
@@ -165,7 +155,7 @@ class Compressor:
             raise StageUnavailable("target", unwrap_remote_error(exc)) from None
 
     # ------------------------------------------------------------------ the flow
-    async def run(self, request: CompressionRequest) -> Served:
+    async def run(self, request: CompressionRequest) -> Compressed:
         """Gate → (view) → drafter → select/assemble → context fit; fail closed."""
         pending = await self.start(request)
         return await pending.finish()
@@ -175,12 +165,12 @@ class Compressor:
         explicit query or required string not in the prompt, mandatory parts (or a prompt
         the gate leaves whole) that cannot fit the context with max_tokens."""
         config, prompt = request.config, request.prompt
-        max_ctx = await self.max_context()
+        request = replace(request, max_context=await self.max_context())
         if config.mode == "off":
             text = prompt.text if request.keep_text else ""
             result = passthrough(prompt.ids, text)
-            check_context(result, request, max_ctx)
-            return Pending(self, request, max_ctx, served=Served(result, prompt.snapshot_cut))
+            check_context(result, request)
+            return Pending(self, request, served=replace(result, snapshot_cut=prompt.snapshot_cut))
         r0 = configured_keep_ratio(config.gate, len(prompt.ids))
         if config.adaptive_keep and request.session_id and request.keep_ratio is None:
             r0 = await self._store_call(
@@ -190,35 +180,27 @@ class Compressor:
                 default=r0,
                 timeout_s=config.store_call_timeout_s,
             )
-        inp = PromptInput(
-            prompt,
-            pflash_query=request.pflash_query,
-            pflash_required=request.pflash_required,
-            max_output=request.max_output,
-            max_context=max_ctx,
-            session_key=request.conversation or None,  # no key: no drafter session
-            r0=r0,
-        )
+        request = replace(request, r0=r0)
         compression = config.part(CompressionPart)
-        prepared = await self.offload(prepare, inp, memo=self.memo, **self._kw(compression))
+        prepared = await self.offload(prepare, request, memo=self.memo, **self._kw(compression))
         if not prepared.compress and not self._views_apply(request):
             # the prompt will be served as it is: whether it fits is known now
-            check_context(passthrough(prompt.ids, ""), request, max_ctx)
-        return Pending(self, request, max_ctx, prepared)
+            check_context(passthrough(prompt.ids, ""), request)
+        return Pending(self, request, prepared)
 
-    async def _finish(self, pending: Pending) -> Served:
+    async def _finish(self, pending: Pending) -> Compressed:
         request, prepared = pending.request, pending.prepared
         assert prepared is not None
         if self._views_apply(request):
-            result, view_cut = await self._serve_view(prepared, request)
-            cut = view_cut if result.compressed else request.prompt.snapshot_cut
+            result = await self._serve_view(prepared, request)
+            cut = result.snapshot_cut if result.compressed else request.prompt.snapshot_cut
         else:
             result = await self._fresh(prepared, request)
             # the render's cut indexes the raw prompt: only valid when that is served
             cut = None if result.compressed else request.prompt.snapshot_cut
         check_required(result, request.pflash_required)
-        check_context(result, request, pending.max_context)
-        return Served(result, cut)
+        check_context(result, request)
+        return replace(result, snapshot_cut=cut)
 
     def _views_apply(self, request: CompressionRequest) -> bool:
         config = request.config
@@ -229,16 +211,16 @@ class Compressor:
             and config.strict
         )
 
-    def run_sync(self, request: CompressionRequest) -> Served:
+    def run_sync(self, request: CompressionRequest) -> Compressed:
         """`run` for callers without an event loop (the CLI, benchmarks, tests). A read-ahead
         the request started runs to its end before this returns (the loop goes with it).
 
         The result leaves through `out`, not as the task's result: on the main thread
         `asyncio.run` restores the SIGINT handler it installed, and the standard library
         builds the repr of that handler, the finished main task and so its result, on the
-        way: the repr of a long prompt's `Served` is costly and is built twice a call, while
+        way: the repr of a long prompt's `Compressed` is costly and is built twice a call, while
         returning None costs nothing."""
-        out: list[Served] = []
+        out: list[Compressed] = []
 
         async def run_and_drain() -> None:
             out.append(await self.run(request))
@@ -350,11 +332,10 @@ class Compressor:
         waits = {"drafter_wait_ms": drafter_wait_ms, "probe_wait_ms": probe_wait_ms}
         return replace(result, stats={**result.stats, **waits})
 
-    async def _serve_view(
-        self, prepared, request: CompressionRequest
-    ) -> tuple[Compressed, int | None]:
+    async def _serve_view(self, prepared, request: CompressionRequest) -> Compressed:
         """The multi-turn path (§6.1): look the conversation's view up, decide, run the
-        drafter only when the decision needs a fresh compression, remember the new view."""
+        drafter only when the decision needs a fresh compression, remember the new view.
+        The result carries the decision's snapshot cut."""
         tenant, config = request.tenant, request.config.part(ViewPart)
         started = time.perf_counter()
         keys = view_keys(prepared, self.target_tokenizer, self.drafter_tokenizer)
@@ -396,8 +377,8 @@ class Compressor:
         if fresh is None and decision.mode == "continue":
             self._read_ahead(prepared, request)
         served = served_result(decision, prepared, fresh)
-        served = replace(served, stats={**served.stats, "view_ms": view_ms})
-        return served, decision.snapshot_cut
+        stats = {**served.stats, "view_ms": view_ms}
+        return replace(served, stats=stats, snapshot_cut=decision.snapshot_cut)
 
     def _read_ahead(self, prepared: Prepared, request: CompressionRequest) -> None:
         """After serving a small addition verbatim (an agent step under

@@ -14,6 +14,7 @@ import numpy as np
 
 from pflash.compress.pipeline import (
     Compressed,
+    CompressionRequest,
 )
 from pflash.compress.plan.segments import ProbeParams
 from pflash.compress.render.rendered import (
@@ -23,7 +24,6 @@ from pflash.compress.scoring import ScoreRequest, ScoreResult
 from pflash.config import PFlashConfig
 from pflash.flow.compressor import Compressor
 from pflash.flow.parts import AsyncScorer
-from pflash.flow.request import CompressionRequest
 from pflash.views.records import View
 
 
@@ -133,4 +133,4 @@ def compress_in_process(
         max_context=request.pop("max_context", None),
     )
     job = CompressionRequest(prompt=prompt, config=config, keep_text=True, **request)
-    return compressor.run_sync(job).compressed
+    return compressor.run_sync(job)

@@ -1,17 +1,17 @@
-"""A request as the flow takes it (`CompressionRequest`), made from a parsed API request (its
-prompt rendered, its conversation key), and the checks of a request against the server's
-limits and the target's context."""
+"""The request the flow takes (`CompressionRequest`, pflash.compress.pipeline) made from a
+parsed API request (its prompt rendered, its conversation key), and the checks of a request
+against the server's limits and the target's context."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pflash.compress.pipeline import (
     Compressed,
+    CompressionRequest,
 )
 from pflash.compress.render.rendered import (
     RenderedPrompt,
@@ -21,34 +21,6 @@ from pflash.compress.render.rendered import (
 from pflash.config import PFlashConfig, ServerConfig
 from pflash.errors import CompressionFailed, InvalidRequest
 from pflash.models.target.protocol import SamplingParams
-
-
-@dataclass(frozen=True)
-class CompressionRequest:
-    """One request's inputs to the flow, besides the rendered prompt.
-
-    - `config`: the server config with this request's allowed overrides applied;
-    - `tenant`: whose state (views) this request may see; `conversation`: its affinity key
-      (also the drafter/target session id); `session_id`: the client's own session id
-      (the adaptive keep ratio follows only client-named sessions);
-    - `max_output`: max_tokens (target tokens; 0 when unset);
-    - `keep_text`: the caller needs the served text even when nothing is compressed
-      (pflash_return_prompt), so mode off decodes it;
-    - `keep_ratio`: the request's own `pflash_keep_ratio` (already applied to `config`), or
-      None. A request that names its ratio gets it: the adaptive controller moves only the
-      server's ratio, never one the request set.
-    """
-
-    prompt: RenderedPrompt
-    config: PFlashConfig
-    tenant: str = "anonymous"
-    conversation: str = ""
-    session_id: str | None = None
-    pflash_query: str | None = None
-    pflash_required: tuple[str, ...] = ()
-    max_output: int = 0
-    keep_text: bool = False
-    keep_ratio: float | None = None
 
 
 def render_request(
@@ -131,8 +103,9 @@ def check_prompt_limit(prompt: RenderedPrompt, config: ServerConfig) -> None:
         )
 
 
-def check_context(result: Compressed, request: CompressionRequest, max_ctx: int | None) -> None:
+def check_context(result: Compressed, request: CompressionRequest) -> None:
     """The served prompt plus max_tokens must fit the target's context (target tokens)."""
+    max_ctx = request.max_context
     if max_ctx is None:
         return
     served, max_output = len(result.served_ids), request.max_output

@@ -20,7 +20,6 @@ from pydantic import BaseModel
 from pflash.compress.pipeline import Compressed
 from pflash.config import ServerConfig
 from pflash.errors import CompressionFailed, StageUnavailable
-from pflash.flow.compressor import Served
 from pflash.flow.request import tenant_of
 from pflash.models.target.protocol import GenerationDone, SamplingParams, TokenDelta
 from pflash.serving.envelope import SSE_KEEPALIVE, StreamError, StreamItem, error_envelope
@@ -88,7 +87,7 @@ class Call:
     - `started`: `time.perf_counter()` when the request arrived (TTFT counts from it);
     - `deadline`: the event loop's time by which the answer must end (`request_timeout_s`);
     - `compression`: the rest of the flow (`Pending.finish`), running; it gives the
-      `Served` prompt.
+      `Compressed` result: what is served and its snapshot cut.
     """
 
     request_id: str
@@ -100,7 +99,7 @@ class Call:
     conversation: str
     started: float
     deadline: float
-    compression: asyncio.Future[Served]
+    compression: asyncio.Future[Compressed]
 
     @property
     def session(self) -> str | None:
@@ -120,18 +119,18 @@ class Answers:
 
     async def whole(self, call: Call) -> BaseModel:
         """The whole response: every event of the generation, then the answer once."""
-        served = await call.compression
-        answer = call.answer(call, _returned_prompt(call, served))
+        result = await call.compression
+        answer = call.answer(call, _returned_prompt(call, result))
         text: list[str] = []
         done: GenerationDone | None = None
         ttft = None
-        async for event in self._events(call, served):
+        async for event in self._events(call, result):
             if isinstance(event, TokenDelta):
                 ttft = ttft if ttft is not None else time.perf_counter() - call.started
                 text.append(event.text)
             elif isinstance(event, GenerationDone):
                 done = event
-        usage = self._account(call, served.compressed, done, ttft)
+        usage = self._account(call, result, done, ttft)
         return answer.whole("".join(text), done, usage)
 
     async def stream(self, call: Call, *, keepalive: bool) -> AsyncIterator[StreamItem]:
@@ -157,13 +156,13 @@ class Answers:
                 if done:
                     break
                 yield SSE_KEEPALIVE
-        served = await call.compression
-        answer = call.answer(call, _returned_prompt(call, served))
+        result = await call.compression
+        answer = call.answer(call, _returned_prompt(call, result))
         for chunk in answer.opening():
             yield chunk
         ttft = None
         finished: GenerationDone | None = None
-        async for event in self._events(call, served):
+        async for event in self._events(call, result):
             if isinstance(event, TokenDelta):
                 ttft = ttft if ttft is not None else time.perf_counter() - call.started
                 for chunk in answer.piece(event.text):
@@ -174,15 +173,15 @@ class Answers:
             raise _unfinished()
         for chunk in answer.closing(finished):
             yield chunk
-        usage = self._account(call, served.compressed, finished, ttft)
+        usage = self._account(call, result, finished, ttft)
         if call.request.include_usage:
             yield answer.usage(usage)
 
-    async def _events(self, call: Call, served: Served) -> AsyncIterator[Any]:
+    async def _events(self, call: Call, result: Compressed) -> AsyncIterator[Any]:
         """The target's events, each within `remote_call_timeout_s` of the one before (the
         first within it of the call): a hung target is a 504 naming it, not a held request."""
         events = self.generate(
-            served.compressed.served_ids, call.params, served.snapshot_cut, call.conversation
+            result.served_ids, call.params, result.snapshot_cut, call.conversation
         )
         gap_s = call.config.remote_call_timeout_s
         while True:
@@ -226,9 +225,9 @@ class Answers:
         return public_usage(usage, is_private(tenant_of(call.conversation)))
 
 
-def _returned_prompt(call: Call, served: Served) -> str | None:
+def _returned_prompt(call: Call, result: Compressed) -> str | None:
     """The served text when the request asked for it (`pflash_return_prompt`)."""
-    return served.compressed.served_text if call.request.pflash_return_prompt else None
+    return result.served_text if call.request.pflash_return_prompt else None
 
 
 def _unfinished() -> CompressionFailed:

@@ -47,7 +47,7 @@ def replay(trace: agent_trace.Trace, parts: dict, max_context: int = 1 << 20) ->
         prompt = render_request(req, "chat", tokenizer, scope="tenant")
         served = flow.run_sync(
             compression_request(req, prompt, config, "tenant", request_params(req, config))
-        ).compressed
+        )
         text = served.served_text
         view = served.stats.get("view") or {}
         planted = trace.planted_before(step.index)

@@ -138,11 +138,11 @@ def run_length(length: int, parts: dict) -> list[Step]:
         t0 = time.perf_counter()
         prompt = render_request(req, "chat", tokenizer, memo=memo, scope="tenant-a")
         t1 = time.perf_counter()
-        served = flow.run_sync(
+        result = flow.run_sync(
             compression_request(req, prompt, config, "tenant-a", request_params(req, config))
         )
         t2 = time.perf_counter()
-        stats = served.compressed.stats
+        stats = result.stats
         out.append(
             Step(
                 length=length,

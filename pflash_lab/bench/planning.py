@@ -34,7 +34,7 @@ def chat(n_messages: int, n_system: int, words: int = 12) -> list[dict]:
 def plan_chat(tokenizer, messages: list[dict]):
     """Render, plan and key one chat as a request does before the drafter: the prepared
     plan and the seconds each step took."""
-    from pflash.compress.pipeline import PromptInput, prepare
+    from pflash.compress.pipeline import CompressionRequest, prepare
     from pflash.compress.render.rendered import render_chat_prompt
     from pflash.config import build_config
     from pflash.views.keys import view_keys
@@ -43,7 +43,7 @@ def plan_chat(tokenizer, messages: list[dict]):
     t0 = time.perf_counter()
     prompt = render_chat_prompt(tokenizer, messages)
     t1 = time.perf_counter()
-    inp = PromptInput(prompt)
+    inp = CompressionRequest(prompt)
     prepared = prepare(inp, config=config, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer)
     t2 = time.perf_counter()
     view_keys(prepared, tokenizer, tokenizer)

@@ -134,7 +134,7 @@ def rehost(case: BenchCase, paragraphs: Sequence[str], count: CountTokens) -> Be
 def plan_example(case: BenchCase, text: TextSplit, *, tokenizer, config) -> HeadExample:
     """Render turn 0 with the drafter's chat template, plan it with `pipeline.prepare` (the
     serving path), and locate the document and the evidence in drafter tokens."""
-    from pflash.compress.pipeline import PromptInput, prepare
+    from pflash.compress.pipeline import CompressionRequest, prepare
     from pflash.compress.render.chat import render_chat
     from pflash.compress.render.rendered import RenderedPrompt
     from pflash.compress.text.encoding import encode_as_written_with_offsets
@@ -143,7 +143,7 @@ def plan_example(case: BenchCase, text: TextSplit, *, tokenizer, config) -> Head
     rendered = render_chat(tokenizer, messages)
     ids = tuple(tokenizer(rendered, add_special_tokens=False)["input_ids"])
     prepared = prepare(
-        PromptInput(RenderedPrompt("chat", tuple(ids), tokenizer, messages=messages)),
+        CompressionRequest(RenderedPrompt("chat", tuple(ids), tokenizer, messages=messages)),
         config=config,
         target_tokenizer=tokenizer,
         drafter_tokenizer=tokenizer,

@@ -165,7 +165,7 @@ def _budget_ratio(tokenizer, adaptive: AdaptiveKeep, **fields) -> float:
     job = compression_request(
         req, render_request(req, "chat", tokenizer), config, "tenant-a", request_params(req, config)
     )
-    return compressor.run_sync(job).compressed.stats["budget_ratio"]
+    return compressor.run_sync(job).stats["budget_ratio"]
 
 
 def _moved_controller() -> AdaptiveKeep:

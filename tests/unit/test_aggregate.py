@@ -18,7 +18,7 @@ import pytest
 
 from pflash.compress.evidence.aggregate import asks_most_frequent, classify_question
 from pflash.compress.evidence.stratified import bit_reversal_rank, frequent_units
-from pflash.compress.pipeline import PromptInput, prepare, uncompressed
+from pflash.compress.pipeline import CompressionRequest, prepare, uncompressed
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
@@ -256,7 +256,7 @@ def test_a_fact_question_on_the_same_list_keeps_the_score_ranking(smollm2_tokeni
 def test_auto_serves_an_aggregate_question_whole_and_says_why(smollm2_tokenizer):
     config = build_config({**CFG, "mode": "auto", "threshold": 512}, env={})
     messages, ids = _list_chat(smollm2_tokenizer)
-    inp = PromptInput(
+    inp = CompressionRequest(
         RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages),
         max_output=64,
         max_context=32_768,
@@ -280,7 +280,7 @@ def test_a_question_asked_before_the_document_is_read(smollm2_tokenizer):
             "input_ids"
         ]
     )
-    inp = PromptInput(
+    inp = CompressionRequest(
         RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages),
         max_output=64,
         max_context=32_768,
@@ -305,7 +305,7 @@ def test_an_imperative_question_after_a_label_is_read(smollm2_tokenizer):
     messages, ids = _list_chat(
         smollm2_tokenizer, "Question: List the ten most frequent words in the list."
     )
-    inp = PromptInput(
+    inp = CompressionRequest(
         RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages),
         max_output=64,
         max_context=32_768,

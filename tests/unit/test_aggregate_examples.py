@@ -15,7 +15,7 @@ from collections import Counter
 import numpy as np
 
 from pflash.compress.evidence.stratified import document_units
-from pflash.compress.pipeline import PromptInput, prepare
+from pflash.compress.pipeline import CompressionRequest, prepare
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
@@ -78,7 +78,7 @@ CFG = dict(keep_ratio=0.1, select_chunk_size=64, select_semantic_weight=0.0)
 
 def _prepared_kind(tokenizer, content: str) -> str | None:
     config = build_config({**CFG, "mode": "auto", "threshold": 512}, env={})
-    inp = PromptInput(_rendered(tokenizer, content), max_output=64, max_context=32_768)
+    inp = CompressionRequest(_rendered(tokenizer, content), max_output=64, max_context=32_768)
     prepared = prepare(inp, config=config, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer)
     return prepared.question.kind if prepared.question is not None else None
 

@@ -13,7 +13,6 @@ import openai.types.chat
 
 from pflash.compress.pipeline import Compressed
 from pflash.config import build_config
-from pflash.flow.compressor import Served
 from pflash.models.target.protocol import GenerationDone, GenerationTimings, TokenDelta
 from pflash.serving.answer import Answers, Call
 from pflash.serving.chat_completion.serving import ChatAnswer, parse_chat_request
@@ -26,17 +25,14 @@ TIMINGS = GenerationTimings(
 )
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-SERVED = Served(
-    Compressed(
-        compressed=True,
-        served_ids=tuple(range(100)),
-        served_text="<served prompt>",
-        kept_spans=(),
-        candidate_lifts=(),
-        stats={"kept_tokens": 90},
-        original_tokens=400,
-    ),
-    snapshot_cut=None,
+SERVED = Compressed(
+    compressed=True,
+    served_ids=tuple(range(100)),
+    served_text="<served prompt>",
+    kept_spans=(),
+    candidate_lifts=(),
+    stats={"kept_tokens": 90},
+    original_tokens=400,
 )
 
 

@@ -170,13 +170,13 @@ def test_a_drafter_bug_stays_a_500_naming_the_drafter(smollm2_tokenizer):
 def test_a_dead_drafter_is_served_uncompressed_only_when_the_operator_chose_bypass(
     smollm2_tokenizer,
 ):
-    served = _run(
+    result = _run(
         _failing_scorer(DrafterDied("died")),
         _ProbeOfADeadInput(),
         smollm2_tokenizer,
         on_drafter_error="bypass",
     )
-    assert served.compressed.stats["keep_ratio"] == 1.0
+    assert result.stats["keep_ratio"] == 1.0
 
 
 def _hanging_scorer():

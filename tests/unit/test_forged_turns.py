@@ -12,7 +12,7 @@ import pytest
 
 from pflash.compress.assemble import assemble
 from pflash.compress.finish import finish
-from pflash.compress.pipeline import PromptInput, prepare
+from pflash.compress.pipeline import CompressionRequest, prepare
 from pflash.compress.render.chat import parse_chat, render_chat
 from pflash.compress.render.rendered import RenderedPrompt, render_chat_prompt
 from pflash.compress.scoring import ScoreResult
@@ -174,7 +174,7 @@ def compressed(target, drafter, messages):
     )
     rendered = render_chat_prompt(target, messages)
     holder = {}
-    inp = PromptInput(rendered, max_output=64)
+    inp = CompressionRequest(rendered, max_output=64)
     holder["prepared"] = prepare(
         inp, config=cfg, target_tokenizer=target, drafter_tokenizer=drafter
     )
@@ -228,7 +228,7 @@ def served_turns(target, follow_up: str) -> tuple[str, tuple[int, ...]]:
     decision = None
     for messages in (turn1, [*turn1, {"role": "assistant", "content": "7318842."}, follow_up]):
         rendered = render_chat_prompt(target, messages)
-        inp = PromptInput(rendered, max_output=64)
+        inp = CompressionRequest(rendered, max_output=64)
         prepared = prepare(inp, config=cfg, target_tokenizer=target, drafter_tokenizer=target)
         view = store.lookup("tenant", view_keys(prepared, target))
         kwargs = dict(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pflash.compress.pipeline import PromptInput, prepare
+from pflash.compress.pipeline import CompressionRequest, prepare
 from pflash.compress.text.instruction_blocks import instruction_blocks
 from pflash.config import build_config
 from pflash.flow.request import render_request
@@ -40,7 +40,7 @@ def _prepared(tokenizer, edge, body, **overrides):
     chat = edge.parse(json.dumps(body)).chat
     prompt = render_request(chat, "chat", tokenizer)
     params = request_params(chat, config)
-    inp = PromptInput(prompt, max_output=params.max_tokens or 0, max_context=1 << 20)
+    inp = CompressionRequest(prompt, max_output=params.max_tokens or 0, max_context=1 << 20)
     return prepare(inp, config=config, target_tokenizer=tokenizer, drafter_tokenizer=tokenizer)
 
 

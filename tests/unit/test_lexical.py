@@ -22,7 +22,7 @@ from pflash.compress.evidence.words import (
     units_before,
     words,
 )
-from pflash.compress.pipeline import PromptInput, prepare
+from pflash.compress.pipeline import CompressionRequest, prepare
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.config import build_config
@@ -45,7 +45,7 @@ def _prepared(tokenizer, content: str, *, earlier: tuple[dict, ...] = (), **cfg)
         {"role": "user", "content": content},
     ]
     ids = tuple(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
-    inp = PromptInput(
+    inp = CompressionRequest(
         RenderedPrompt("chat", tuple(ids), tokenizer, messages=messages),
         max_output=64,
         max_context=16384,

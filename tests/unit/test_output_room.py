@@ -42,8 +42,8 @@ def _serve(tokenizer, body, *, room: int, **overrides):
         scorer=_uniform_scorer,
         max_context=context,
     )
-    served = flow.run_sync(compression_request(req, prompt, config, "anonymous", params))
-    return len(served.compressed.served_ids), params.max_tokens, context
+    result = flow.run_sync(compression_request(req, prompt, config, "anonymous", params))
+    return len(result.served_ids), params.max_tokens, context
 
 
 def test_a_prompt_fitted_to_the_context_leaves_room_for_the_capped_output(smollm2_tokenizer):

@@ -30,7 +30,7 @@ from pflash.compress.evidence.passage_evidence import (
     question_parts,
     whole_sentences,
 )
-from pflash.compress.pipeline import PromptInput, prepare
+from pflash.compress.pipeline import CompressionRequest, prepare
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
@@ -69,7 +69,7 @@ def _messages(content: str | None = None) -> list[dict]:
 def _prepared(tokenizer, cfg, content: str | None = None):
     messages = _messages(content)
     ids = tuple(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
-    inp = PromptInput(
+    inp = CompressionRequest(
         RenderedPrompt("chat", tuple(ids), tokenizer, messages=messages),
         max_output=64,
         max_context=8192,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflash.compress.pipeline import PromptInput, prepare
+from pflash.compress.pipeline import CompressionRequest, prepare
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
@@ -39,7 +39,9 @@ def _chat(tokenizer, system: str = "Answer briefly."):
     return messages, ids
 
 
-def compress(inp: PromptInput, *, config, target_tokenizer, drafter_tokenizer, scorer, trace=None):
+def compress(
+    inp: CompressionRequest, *, config, target_tokenizer, drafter_tokenizer, scorer, trace=None
+):
     """The product flow (`pflash.flow.compressor`) in process for a planned-style input: views
     off (no store), the same prepare → score → finish the server runs."""
     return compress_in_process(
@@ -76,7 +78,7 @@ def _compress(tokenizer_t, tokenizer_d, cfg, messages, ids, **kw):
         prepared = holder["prepared"]
         return needle_scorer(req, prepared.plan.drafter)
 
-    inp = PromptInput(
+    inp = CompressionRequest(
         RenderedPrompt("chat", tuple(ids), tokenizer_t, messages=messages),
         max_output=64,
         max_context=8192,
@@ -130,7 +132,7 @@ def test_needle_question_and_generation_prompt_survive_compression(smollm2_token
     assert stats["compressed_tokens"] == len(out.served_ids)
     assert stats["query_rule"] == "prompt_end"
     # the ceiling: served tokens (minus the paragraph-join overhead) within floor(prompt * r)
-    inp = PromptInput(
+    inp = CompressionRequest(
         RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages),
         max_output=64,
         max_context=8192,
@@ -199,7 +201,9 @@ def test_scorer_crash_fails_closed_naming_the_drafter_stage(smollm2_tokenizer):
     def broken(req):
         raise RuntimeError("CUDA out of memory")
 
-    inp = PromptInput(RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages))
+    inp = CompressionRequest(
+        RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages)
+    )
     with pytest.raises(CompressionFailed) as err:
         compress(
             inp,
@@ -221,7 +225,9 @@ def test_non_finite_scores_fail_closed(smollm2_tokenizer, bad):
         mass[3] = bad
         return ScoreResult(mass=mass)
 
-    inp = PromptInput(RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages))
+    inp = CompressionRequest(
+        RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages)
+    )
     with pytest.raises(CompressionFailed) as err:
         compress(
             inp,
@@ -236,7 +242,9 @@ def test_non_finite_scores_fail_closed(smollm2_tokenizer, bad):
 def test_wrong_length_scores_fail_closed(smollm2_tokenizer):
     cfg = build_config(CFG, env={})
     messages, ids = _chat(smollm2_tokenizer)
-    inp = PromptInput(RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages))
+    inp = CompressionRequest(
+        RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages)
+    )
     with pytest.raises(CompressionFailed) as err:
         compress(
             inp,
@@ -252,7 +260,9 @@ def test_selection_trace_records_the_served_selection(smollm2_tokenizer, tmp_pat
     cfg = build_config({**CFG, "trace_path": str(tmp_path / "t.jsonl")}, env={})
     messages, ids = _chat(smollm2_tokenizer)
     writer = TraceWriter(cfg.trace_path)
-    inp = PromptInput(RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages))
+    inp = CompressionRequest(
+        RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages)
+    )
     prepared = prepare(
         inp, config=cfg, target_tokenizer=smollm2_tokenizer, drafter_tokenizer=smollm2_tokenizer
     )
@@ -287,7 +297,9 @@ def test_legacy_selector_keeps_the_question(smollm2_tokenizer):
         return ScoreResult(mass=None, legacy=rng.random(len(req.ids)).astype(np.float32))
 
     out = compress(
-        PromptInput(RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages)),
+        CompressionRequest(
+            RenderedPrompt("chat", tuple(ids), smollm2_tokenizer, messages=messages)
+        ),
         config=cfg,
         target_tokenizer=smollm2_tokenizer,
         drafter_tokenizer=smollm2_tokenizer,
@@ -329,7 +341,7 @@ def test_a_prompt_that_is_only_the_question_is_served_as_is(smollm2_tokenizer):
         raise AssertionError("the drafter must not run")
 
     out = compress(
-        PromptInput(RenderedPrompt("completion", tuple(ids), smollm2_tokenizer)),
+        CompressionRequest(RenderedPrompt("completion", tuple(ids), smollm2_tokenizer)),
         config=cfg,
         target_tokenizer=smollm2_tokenizer,
         drafter_tokenizer=smollm2_tokenizer,
@@ -364,7 +376,7 @@ def _compress_with(tokenizer, cfg, content, scorer, trace=None):
         {"role": "user", "content": content},
     ]
     ids = tuple(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
-    inp = PromptInput(
+    inp = CompressionRequest(
         RenderedPrompt("chat", tuple(ids), tokenizer, messages=messages),
         max_output=64,
         max_context=8192,
@@ -394,7 +406,7 @@ def test_a_chat_of_one_empty_system_message_is_served_as_is_not_a_500(smollm2_to
         raise AssertionError("the drafter must not run")
 
     out = compress(
-        PromptInput(prompt, max_output=2),
+        CompressionRequest(prompt, max_output=2),
         config=cfg,
         target_tokenizer=smollm2_tokenizer,
         drafter_tokenizer=smollm2_tokenizer,

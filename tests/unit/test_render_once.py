@@ -12,7 +12,7 @@ import collections
 
 import pytest
 
-from pflash.compress.pipeline import PromptInput, prepare
+from pflash.compress.pipeline import CompressionRequest, prepare
 from pflash.compress.render.rendered import RenderedPrompt, render_chat_prompt
 from pflash.compress.text.encoding import same_tokenizer
 from pflash.config import build_config
@@ -36,8 +36,8 @@ def _prepare(tokenizer, drafter, inp):
     return prepare(inp, config=CONFIG, target_tokenizer=tokenizer, drafter_tokenizer=drafter)
 
 
-def _input(prompt, **kw) -> PromptInput:
-    return PromptInput(prompt, max_output=64, max_context=8192, **kw)
+def _input(prompt, **kw) -> CompressionRequest:
+    return CompressionRequest(prompt, max_output=64, max_context=8192, **kw)
 
 
 def _unrendered(prompt) -> RenderedPrompt:

@@ -107,10 +107,9 @@ class App:
             mode=req.pflash_mode, keep_ratio=req.pflash_keep_ratio
         )
         prompt = render_request(req, "chat" if endpoint == "chat" else "completion", self.tokenizer)
-        served = self.compressor.run_sync(
+        compressed = self.compressor.run_sync(
             compression_request(req, prompt, config, "anonymous", request_params(req, config))
         )
-        compressed = served.compressed
         return {
             "prompt": compressed.served_text,
             "prompt_tokens": compressed.original_tokens,

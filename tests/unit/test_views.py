@@ -16,7 +16,7 @@ import pytest
 
 from pflash.compress.assemble import RECALL_FOOTER, RECALL_HEADER
 from pflash.compress.finish import finish
-from pflash.compress.pipeline import PromptInput, prepare
+from pflash.compress.pipeline import CompressionRequest, prepare
 from pflash.compress.render.chat import render_chat
 from pflash.compress.render.rendered import RenderedPrompt
 from pflash.compress.scoring import ScoreResult
@@ -83,10 +83,10 @@ class Conversation:
         self.scored = 0
 
     def prepare(self, messages, max_context=None, config=None, **options):
-        """`options`: the request's own PromptInput fields (pflash_query, pflash_required)."""
+        """`options`: the request's own CompressionRequest fields (pflash_query, pflash_required)."""
         text = render_chat(self.target, messages)
         ids = tuple(self.target(text, add_special_tokens=False)["input_ids"])
-        inp = PromptInput(
+        inp = CompressionRequest(
             RenderedPrompt("chat", tuple(ids), self.target, messages=messages),
             max_output=MAX_OUTPUT,
             max_context=max_context or self.max_context,
@@ -310,7 +310,7 @@ def _flow(tokenizer, store):
         target_tokenizer=tokenizer,
         drafter_tokenizer=tokenizer,
         scorer=local_scorer(score),
-        store=LocalStore(store),
+        store=LocalStore(store) if store is not None else None,
         max_context=8192,
     )
 
@@ -327,9 +327,9 @@ def test_a_request_naming_a_required_string_gets_it_though_its_prompt_has_a_view
     smollm2_tokenizer,
 ):
     flow = _flow(smollm2_tokenizer, ViewStore(16, 3600.0))
-    a = flow.run_sync(_request(smollm2_tokenizer)).compressed
+    a = flow.run_sync(_request(smollm2_tokenizer))
     assert FACT not in a.served_text and a.stats["view"]["mode"] == "fresh"
-    b = flow.run_sync(_request(smollm2_tokenizer, pflash_required=[FACT])).compressed
+    b = flow.run_sync(_request(smollm2_tokenizer, pflash_required=[FACT]))
     assert b.stats["view"]["mode"] == "rebuild"
     assert FACT in b.served_text and NEEDLE in b.served_text
 
@@ -344,6 +344,21 @@ def test_a_required_string_missing_from_what_is_served_fails_closed(smollm2_toke
         flow.run_sync(_request(smollm2_tokenizer, pflash_required=[FACT]))
     assert info.value.stage == "required_check"
     assert error_response(info.value)[0] == 500
+
+
+def test_the_flows_result_says_where_the_target_may_cut_its_snapshot(smollm2_tokenizer):
+    """A view-served turn: its generation prompt's start in what is served; the prompt served
+    as sent: the render's cut; a fresh compression without views: none (the render's cut
+    indexes the prompt as sent, not what is served)."""
+    job = _request(smollm2_tokenizer)
+    viewed = _flow(smollm2_tokenizer, ViewStore(16, 3600.0)).run_sync(job)
+    gen = _gen_prompt(smollm2_tokenizer)
+    assert viewed.compressed and viewed.snapshot_cut == len(viewed.served_ids) - len(gen)
+    fresh = _flow(smollm2_tokenizer, None).run_sync(job)
+    assert fresh.compressed and fresh.snapshot_cut is None
+    off = replace(job, config=job.config.with_request_overrides(mode="off"))
+    whole = _flow(smollm2_tokenizer, None).run_sync(off)
+    assert not whole.compressed and whole.snapshot_cut == job.prompt.snapshot_cut is not None
 
 
 # --------------------------------------------------------------------------- continue
@@ -617,7 +632,7 @@ def test_raw_completion_has_no_view(smollm2_tokenizer):
     conv = Conversation(smollm2_tokenizer)
     ids = tuple(smollm2_tokenizer(_document() + "\n\n" + QUESTION)["input_ids"])
     prepared = prepare(
-        PromptInput(RenderedPrompt("completion", tuple(ids), smollm2_tokenizer)),
+        CompressionRequest(RenderedPrompt("completion", tuple(ids), smollm2_tokenizer)),
         config=conv.config,
         target_tokenizer=smollm2_tokenizer,
         drafter_tokenizer=smollm2_tokenizer,

@@ -132,14 +132,14 @@ def anchor_scores(
     words that name something), in at most `rare_max_freq` units (a key, not a topic word;
     only these seed the cascade). Why the word must name something: in a short context a
     plain word is rare by chance - "sites" in the question met "site.py" in a docstring,
-    and the cascade followed "package" through seventeen docstring lines that filled the
-    budget (aggregation at 2K, docs/BENCHMARK_NOTEBOOK.md).
+    and the cascade followed "package" through docstring lines until they filled the
+    budget (aggregation, docs/BENCHMARK_NOTEBOOK.md).
 
     A unit is named by such a key, by a shared phrase of >= `PHRASE_MIN_WORDS` words, or
     (`anchor_quotes`) by a quote. Why the key must be rare too: a name that many units
     repeat is what the documents are about, not a key to one of them. In a prompt of
-    encyclopedia articles about pubs, "Arms" and "London" of the question stood in 8 units
-    each; kept first, they filled a 4K budget before the passage signals reached the
+    encyclopedia articles about pubs, "Arms" and "London" of the question stood in several
+    units each; kept first, they filled the budget before the passage signals reached the
     article the question's second hop needs (RULER qa_2, docs/BENCHMARK_NOTEBOOK.md)."""
     first_words = {g[0] for g in grams}
     matched_grams: list[dict[tuple[str, ...], int]] = []
@@ -200,9 +200,9 @@ def _phrase_tier_scores(
     """The lowest tier, after every key: units sharing only a long phrase with the question.
     Longer phrases first; among equal ones, units repeated word for word before singletons
     (`REPEAT_BONUS`, under one phrase word). Why: when the tier is larger than the budget
-    (54 "Keyword log entry: ..." lines of about 9.5 tokens against a 4K prompt's budget of
-    about 410), document order chose which lines survived, so the repeated lines a "which
-    appear most often" question counts were cut as often as singletons; a repeated line
+    (a log of "Keyword log entry: ..." lines, more than a short prompt's budget holds),
+    document order chose which lines survived, so the repeated lines a "which appear most
+    often" question counts were cut as often as singletons; a repeated line
     stands for more of the text's occurrences of the phrase than a singleton does."""
     text_of = {u: tuple(n for n, _ in ctx.words[u]) for u in tier}
     copies = Counter(text_of.values())

@@ -164,8 +164,8 @@ class UnitPrefix:
     excluded), their sets and the counts over them, kept for the conversation's next turn.
 
     Why: every turn of a conversation anchors its question against the whole context, and
-    cutting and reading the units of 64K tokens took ~40-75 ms of each later question step,
-    ahead of the answer, for text that had not changed since the turn before. Units are
+    cutting and reading the units of a long context again would cost each later question
+    step, ahead of the answer, for text that had not changed since the turn before. Units are
     local to a line, so the units of an unchanged prefix are the same up to the start of
     its last line (which may go on now); `units_before` cuts only the rest. Frozen, and the
     sets are frozensets: a prefix is shared by the turns that extend it."""
