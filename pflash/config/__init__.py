@@ -18,7 +18,6 @@ from pflash.config.components import (
     DrafterProfile,
     GateConfig,
     GenerationConfig,
-    LegacySelectionConfig,
     LexicalConfig,
     LexicalMode,
     LexicalQuery,
@@ -38,6 +37,7 @@ from pflash.config.components import (
     ViewsConfig,
 )
 from pflash.config.flat import ComponentSet
+from pflash.config.legacy import LegacySelectionConfig
 from pflash.config.model import (
     COMPONENTS,
     ENV_PREFIX,

@@ -37,7 +37,6 @@ from pflash.config.components import (
     Component,
     GateConfig,
     GenerationConfig,
-    LegacySelectionConfig,
     LexicalConfig,
     ScoringConfig,
     SecurityConfig,
@@ -46,6 +45,7 @@ from pflash.config.components import (
     ViewsConfig,
 )
 from pflash.config.flat import ComponentSet
+from pflash.config.legacy import LegacySelectionConfig
 from pflash.errors import ConfigError
 
 ENV_PREFIX = "PFLASH_"
