@@ -47,13 +47,21 @@ class ComponentSet(BaseModel):
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
+        # a part that extends another keeps its base's flat names for the same components
+        inherited = {
+            key: component
+            for base in reversed(cls.__mro__[1:])
+            if isinstance(base, type) and issubclass(base, ComponentSet)
+            for key, component in base.component_of.items()
+        }
         cls.component_of, cls.moved_from = {}, {}
         for component, info in cls.model_fields.items():
             kind = info.annotation
             if not (isinstance(kind, type) and issubclass(kind, Component)):
                 raise TypeError(f"{cls.__name__}.{component} is not a Component")
             for key, field in kind.model_fields.items():
-                if key in cls.component_of or key in cls.model_fields or hasattr(cls, key):
+                taken = hasattr(cls, key) and inherited.get(key) != component
+                if key in cls.component_of or key in cls.model_fields or taken:
                     raise TypeError(f"{cls.__name__}: flat key {key!r} is not unique")
                 cls.component_of[key] = component
                 if kind.moved_from is not None:

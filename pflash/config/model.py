@@ -260,17 +260,13 @@ class CompressionPart(ComponentSet):
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
 
 
-class ViewPart(ComponentSet):
-    """What the view decision reads (`views.decision.decide_view`): the views, and the
-    components that decide a selection, whose digest a view is reused under
-    (`views.keys.SELECTION_COMPONENTS`)."""
+class ViewPart(CompressionPart):
+    """What the view decision reads (`views.decision.decide_view`): the views, and what a
+    compression reads, since a view is reused only under the digest of the components that
+    decided its selection (`views.keys.SELECTION_COMPONENTS`) and its fresh compressions run
+    from it."""
 
     views: ViewsConfig = Field(default_factory=ViewsConfig)
-    gate: GateConfig = Field(default_factory=GateConfig)
-    selection: SelectionConfig = Field(default_factory=SelectionConfig)
-    legacy: LegacySelectionConfig = Field(default_factory=LegacySelectionConfig)
-    lexical: LexicalConfig = Field(default_factory=LexicalConfig)
-    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
 
 
 class AdmissionPart(ComponentSet):

@@ -257,7 +257,7 @@ class Compressor:
             timeout_s=config.store_call_timeout_s,
         )
 
-    def _kw(self, config: CompressionPart | ViewPart) -> dict[str, Any]:
+    def _kw(self, config: CompressionPart) -> dict[str, Any]:
         return {
             "config": config,
             "target_tokenizer": self.target_tokenizer,

@@ -710,6 +710,30 @@ def test_a_part_holds_only_its_components_and_reads_their_knobs_flat():
     ) | set(cfg.legacy.model_dump())
 
 
+def test_a_part_extending_another_reads_its_knobs_flat_and_cannot_move_one():
+    """The view decision's part is the compression's plus the views: it is handed on to the
+    compression as is, and a subclass that put a knob under another component is refused."""
+    from pflash.config import ComponentSet, CompressionPart, ViewPart
+    from pflash.config.components import LexicalConfig, SelectionConfig
+
+    cfg = build_config({"keep_ratio": 0.2, "chat_view": False}, env={})
+    view = cfg.part(ViewPart)
+    assert set(ViewPart.model_fields) == set(CompressionPart.model_fields) | {"views"}
+    assert (view.keep_ratio, view.chat_view, view.select_mode) == (0.2, False, "budget_only")
+    assert view.part(CompressionPart) is view
+    assert view.model_dump() == {**cfg.part(CompressionPart).model_dump(), **cfg.views.model_dump()}
+    with pytest.raises(TypeError, match="not unique"):
+
+        class Moved(CompressionPart):  # selection's knobs again, under another name
+            other: SelectionConfig
+
+    with pytest.raises(TypeError, match="not unique"):
+
+        class Twice(ComponentSet):
+            lexical: LexicalConfig
+            more: LexicalConfig
+
+
 def test_a_part_is_rebuilt_from_its_keys_and_a_live_update_of_any_knob():
     cfg = build_config(
         {"drafter_head_layer": 17, "select_chunk_size": 32, "keep_ratio": 0.2}, env={}
