@@ -710,6 +710,11 @@ def main(argv: list[str] | None = None) -> int:
         "--max-steps", type=int, default=None, help="cut each session's steps (0: first requests)"
     )
     parser.add_argument("--max-tokens", type=int, default=256, help="each answer's cap")
+    parser.add_argument(
+        "--full-first",
+        action="store_true",
+        help="the full prompt opens the run's first session (then sessions alternate as before)",
+    )
     agent.add_session_arguments(parser)
     parser.add_argument("--report", type=Path, help="only rewrite DIR/summary.md from its rows")
     args = parser.parse_args(argv)
@@ -769,7 +774,8 @@ def main(argv: list[str] | None = None) -> int:
             warm_up(http, base, client, args.mode)
         for n, (length, session) in enumerate(sessions):
             try:
-                flip = (n // len(clients)) % 2 == 1  # each client's sessions alternate
+                # each client's sessions alternate which side opens them
+                flip = (n // len(clients) + args.full_first) % 2 == 1
                 rows += run_session(http, base, session, args.mode, args.keep, keep_row, flip)
             except StepFailed as exc:  # a product error: reported, the next session runs
                 failed = f"{session.client.name} {length}: {exc}"
