@@ -48,6 +48,7 @@ from pflash.compress.evidence.anchors import (
     anchor_scores,
     quoted_patterns,
 )
+from pflash.compress.evidence.antecedents import passage_antecedents
 from pflash.compress.evidence.words import (
     UnitPrefix,
     Word,
@@ -69,6 +70,7 @@ LexicalQuery = Literal["question", "tail"]
 HOP_DECAY = 0.9  # cascade: a unit reached in hop k scores 0.9^k of its parent
 MAX_FANOUT = 1  # cascade: a unit whose rare words reach more new units is no chain link
 HEADER_GAP = 1e-3  # a header scores this much below its hit, so it is promoted right after
+REFERENT_MIN_SHARE = 0.9  # hits this close to the best anchor their antecedent (`_referents`)
 
 # ----------------------------------------------------------------------------- evidence
 
@@ -86,6 +88,7 @@ class LexicalParams:
     rare_max_freq: int = 2
     cascade_iters: int = 3
     cap_tokens: int | None = None
+    referents: bool = True  # a hit's opening pronoun anchors its antecedent (`_referents`)
 
     @classmethod
     def from_config(cls, config, *, cap_tokens: int | None) -> LexicalParams:
@@ -96,6 +99,7 @@ class LexicalParams:
             rare_max_freq=config.lexical_rare_max_freq,
             cascade_iters=config.lexical_cascade_iters,
             cap_tokens=cap_tokens,
+            referents=config.select_antecedents,
         )
 
 
@@ -217,6 +221,8 @@ def find_lexical_evidence(
         for u, (s, hop, reason) in found.items()
     ]
     out.extend(_headers(text, units, found, named, excluded, drafter))
+    if params.referents:
+        out.extend(_referents(text, units, found, named, drafter))
     out = _best_per_span(out)
     out.sort(key=lambda a: (-a.score, a.span.begin, a.span.end))
     return LexicalEvidence(tuple(out), pool_spans, question, prefix)
@@ -441,6 +447,36 @@ def _headers(
         if chars is not None:
             span = drafter.token_span(*chars)
             out.append(AnchoredUnit(span, score - HEADER_GAP, hop, "header", u in named))
+    return out
+
+
+def _referents(
+    text: str,
+    units: Sequence[tuple[int, int]],
+    found: dict[int, tuple[float, int, str]],
+    named: set[int],
+    drafter: TokenizedText,
+) -> list[AnchoredUnit]:
+    """For each best hit (within `REFERENT_MIN_SHARE` of the best hit's score) that opens a
+    sentence naming its subject by a pronoun, the sentence naming the subject
+    (`antecedents.passage_antecedents`): scored just below the hit, named when the hit is, as
+    a docstring hit's header is. Why: a kept "Noted for his role as Homer Simpson, he also
+    voices ..." answers nothing without "Daniel Louis Castellaneta is an American actor"
+    before it (RULER's qa_2, docs/BENCHMARK_NOTEBOOK.md). Only the best hits: a question's
+    names often anchor more than the budget holds, and the antecedents of every hit, even
+    ranked after all of them, took the room of the answer the embedder ranked first (RULER's
+    qa_2, seed 52140). Only back: the sentences after a hit that refer back to it are left
+    to the passage signals, which read them after it."""
+    if not found:
+        return []
+    floor = REFERENT_MIN_SHARE * max(score for score, _, _ in found.values())
+    hits = sorted(u for u, (score, _, _) in found.items() if score >= floor)
+    out = []
+    for u, (a, end) in zip(hits, passage_antecedents(text, [units[u] for u in hits]), strict=True):
+        if a >= 0:
+            score, hop, _ = found[u]
+            span = drafter.token_span(a, end)
+            out.append(AnchoredUnit(span, score - HEADER_GAP, hop, "referent", u in named))
     return out
 
 
