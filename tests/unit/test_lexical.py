@@ -640,3 +640,43 @@ def test_the_turn_memo_keeps_each_conversations_latest_value_within_its_bound():
     memo.put("tenant-a/three", "units", a, 101)  # larger than the memo: not kept
     assert memo.get("tenant-a/three", "units") is None
     assert memo.get("tenant-a/two", "units") is b
+
+
+# ----------------------------------------------------------------------------- long sentences
+
+LONG_SENTENCE = (
+    "It has been used in many nonviolent resistance movements in India (Gandhi's campaigns "
+    "for independence from the British Empire), in Czechoslovakia's Velvet Revolution and in "
+    "East Germany to oust their communist governments, in South Africa in the fight against "
+    "apartheid, in the American Civil Rights Movement, in the Singing Revolution to bring "
+    "independence to the Baltic countries from the Soviet Union, recently with the 2003 Rose "
+    "Revolution in Georgia and the 2004 Orange Revolution in Ukraine, among other movements."
+)
+
+
+def test_a_hit_in_a_long_sentence_anchors_the_whole_sentence_just_below_it(smollm2_tokenizer):
+    content = (
+        _with_needle(_filler(), LONG_SENTENCE)
+        + "\n\nWhat is an example of major civil disobedience in South Africa?"
+    )
+    prepared = _prepared(smollm2_tokenizer, content)
+    ev = _evidence(prepared)
+    texts = [_text(prepared, u.span) for u in ev.units]
+    whole = texts.index(LONG_SENTENCE)
+    assert ev.units[whole].reason == "sentence"
+    piece = next(i for i, t in enumerate(texts) if "South Africa" in t and i != whole)
+    assert len(texts[piece]) < len(LONG_SENTENCE)  # the hit is a piece of it
+    assert whole == piece + 1 and ev.units[whole].named == ev.units[piece].named
+
+
+def test_a_hit_in_a_line_longer_than_three_pieces_anchors_only_its_piece(smollm2_tokenizer):
+    line = (
+        " ".join(["the ledger of payments and receipts"] * 40)
+        + " in South Africa "
+        + (" ".join(["with entries for every month"] * 10))
+    )
+    content = _with_needle(_filler(), line) + "\n\nWhat was paid in South Africa?"
+    prepared = _prepared(smollm2_tokenizer, content)
+    ev = _evidence(prepared)
+    assert all(u.reason != "sentence" for u in ev.units)
+    assert any("South Africa" in _text(prepared, u.span) for u in ev.units)

@@ -35,6 +35,7 @@ Pure: `re` and the standard library; nothing here knows about budgets beyond the
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -50,6 +51,7 @@ from pflash.compress.evidence.anchors import (
 )
 from pflash.compress.evidence.antecedents import passage_antecedents
 from pflash.compress.evidence.words import (
+    MAX_UNIT_CHARS,
     UnitPrefix,
     Word,
     context_words,
@@ -70,6 +72,7 @@ LexicalQuery = Literal["question", "tail"]
 HOP_DECAY = 0.9  # cascade: a unit reached in hop k scores 0.9^k of its parent
 MAX_FANOUT = 1  # cascade: a unit whose rare words reach more new units is no chain link
 HEADER_GAP = 1e-3  # a header scores this much below its hit, so it is promoted right after
+WHOLE_SENTENCE_CHARS = 3 * MAX_UNIT_CHARS  # a sentence this long is promoted whole after its hit
 REFERENT_MIN_SHARE = 0.9  # hits this close to the best anchor their antecedent (`_referents`)
 
 # ----------------------------------------------------------------------------- evidence
@@ -223,6 +226,7 @@ def find_lexical_evidence(
     out.extend(_headers(text, units, found, named, excluded, drafter))
     if params.referents:
         out.extend(_referents(text, units, found, named, drafter))
+    out.extend(_whole_sentences(units, sentences, found, named, drafter))
     out = _best_per_span(out)
     out.sort(key=lambda a: (-a.score, a.span.begin, a.span.end))
     return LexicalEvidence(tuple(out), pool_spans, question, prefix)
@@ -477,6 +481,34 @@ def _referents(
             score, hop, _ = found[u]
             span = drafter.token_span(a, end)
             out.append(AnchoredUnit(span, score - HEADER_GAP, hop, "referent", u in named))
+    return out
+
+
+def _whole_sentences(
+    units: Sequence[tuple[int, int]],
+    sentences: Sequence[tuple[int, int]],
+    found: dict[int, tuple[float, int, str]],
+    named: set[int],
+    drafter: TokenizedText,
+) -> list[AnchoredUnit]:
+    """For each anchored piece of a sentence cut in pieces (longer than `MAX_UNIT_CHARS`,
+    at most `WHOLE_SENTENCE_CHARS`), the whole sentence: scored just below the piece, named
+    when it is, so the rest is promoted right after it where the budget holds it (a span
+    is promoted whole or not at all). Why: SQuAD's answer sentences run to 500 characters;
+    the piece holding the question's words was kept and the rest, "... the Singing
+    Revolution to bring independence to the Baltic countries ...", was cut (RULER's qa_1,
+    docs/BENCHMARK_NOTEBOOK.md). A longer "sentence" (a minified line, a table row) is
+    anchored in pieces as before."""
+    long = [(b, e) for b, e in sentences if MAX_UNIT_CHARS < e - b <= WHOLE_SENTENCE_CHARS]
+    if not long:
+        return []
+    starts = [b for b, _ in long]
+    out = []
+    for u, (score, hop, _) in found.items():
+        k = bisect.bisect_right(starts, units[u][0]) - 1
+        if k >= 0 and units[u][1] <= long[k][1]:
+            span = drafter.token_span(*long[k])
+            out.append(AnchoredUnit(span, score - HEADER_GAP, hop, "sentence", u in named))
     return out
 
 
