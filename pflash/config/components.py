@@ -185,10 +185,6 @@ class SelectionConfig(Component):
         True,
         description="With passage evidence (semantic or projection), cut the candidates at the evidence's passage bounds and rank them by density, so a passage is chosen by its own score and not by the chunk or segment it shares with other passages; the parts of a sentence longer than a passage score its best part. On by default (with entity feedback, docs/BENCHMARK_NOTEBOOK.md); false = candidates stay the chunks or segments, ranked by select_score.",
     )
-    select_antecedents: bool = Field(
-        True,
-        description='A sentence that names its subject by a pronoun ("He is voiced by ...", not the first sentence of its line) goes with the sentence before it: the embedder reads it after that sentence, that sentence scores at least as high, and a lexical hit opening with such a pronoun anchors that sentence too, so a kept "he" comes with the sentence naming him. On by default (RULER\'s qa tasks, docs/BENCHMARK_NOTEBOOK.md); false = each sentence is read, scored and anchored alone.',
-    )
     select_paragraph_join: bool = Field(
         True, description="Insert paragraph breaks between non-adjacent kept runs."
     )

@@ -37,12 +37,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pflash.compress.text.sentences import CLOSERS, SENTENCE_MARKS
+from pflash.compress.text.sentences import ends_sentence
 
 LEAD_WORDS = 6  # a pronoun this early is the sentence's subject or its possessor
 ANTECEDENT_MAX_CHARS = 200  # of the antecedent, read before the passage: its subject is first
 MAX_BACK = 1000  # characters a passage reads back for its antecedent, per sentence
 MAX_HOPS = 3  # sentences back, over those that refer back themselves
+HEAD_CHARS = 80  # of a sentence, read for its first `LEAD_WORDS` words
 PRONOUNS = frozenset("he she it they his her its their him them".split())
 _WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
 
@@ -75,6 +76,12 @@ def _follows_sentence(text: str, at: int) -> int:
     return j if _ends_at(text, j) else -1
 
 
+def _ends_at(text: str, j: int) -> bool:
+    """A sentence mark, maybe closed by a few `CLOSERS`, ends just before `j` (a bounded
+    window: the scans call it once per word they pass)."""
+    return j > 0 and not text[j - 1].isspace() and ends_sentence(text[max(0, j - 4) : j])
+
+
 def _sentence_start(text: str, end: int) -> int:
     """The first visible character of the sentence ending at `end`, within its line and at
     most `MAX_BACK` characters back. A mark followed by a lower-case word ends nothing ("Ned
@@ -102,14 +109,6 @@ def _sentence_start(text: str, end: int) -> int:
     return start
 
 
-def _ends_at(text: str, j: int) -> bool:
-    """A sentence mark, maybe closed by up to three `CLOSERS`, ends just before `j`."""
-    k = j
-    while k > 0 and j - k < 3 and text[k - 1] in CLOSERS:
-        k -= 1
-    return k > 0 and text[k - 1] in SENTENCE_MARKS
-
-
 def passage_antecedents(text: str, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """For each passage (char spans, source order), the char span of the sentence its
     opening pronoun stands for (`refers_back`), or (-1, -1): the nearest sentence before it
@@ -120,13 +119,13 @@ def passage_antecedents(text: str, spans: Sequence[tuple[int, int]]) -> list[tup
     for b, e in spans:
         first = b + len(text[b:e]) - len(text[b:e].lstrip())
         end = _follows_sentence(text, first) if first < e else -1
-        if end < 0 or not refers_back(text[first : min(e, first + 80)]):
+        if end < 0 or not refers_back(text[first : min(e, first + HEAD_CHARS)]):
             out.append((-1, -1))
             continue
         start = _sentence_start(text, end)
         for _ in range(MAX_HOPS - 1):
             before = _follows_sentence(text, start) if start < end else -1
-            if before < 0 or not refers_back(text[start : min(end, start + 80)]):
+            if before < 0 or not refers_back(text[start : min(end, start + HEAD_CHARS)]):
                 break
             start, end = _sentence_start(text, before), before
         out.append((start, end) if start < end else (-1, -1))
@@ -140,13 +139,15 @@ def antecedent_prefix(text: str, antecedent: tuple[int, int]) -> str:
     return text[a : min(end, a + ANTECEDENT_MAX_CHARS)].strip() + " " if a >= 0 else ""
 
 
-def lift_antecedents(text: str, spans: Sequence[tuple[int, int]], values: np.ndarray) -> np.ndarray:
-    """Per-passage scores where every passage of a referring passage's antecedent scores at
-    least the referring passage's (the latest referring passage first: a lifted antecedent's
-    own score is what lifts further). Text with no referring passage is unchanged."""
+def lift_antecedents(
+    spans: Sequence[tuple[int, int]], values: np.ndarray, found: Sequence[tuple[int, int]]
+) -> np.ndarray:
+    """Per-passage scores where every passage of a referring passage's antecedent (`found`:
+    `passage_antecedents` of `spans`, found once for every signal over these passages)
+    scores at least the referring passage's (the latest referring passage first: a lifted
+    antecedent's own score is what lifts further). Without referring passages, unchanged."""
     out = np.asarray(values, dtype=np.float64).copy()
     begins = [b for b, _ in spans]
-    found = passage_antecedents(text, spans)
     for i in range(len(spans) - 1, -1, -1):
         a, end = found[i]
         if a < 0:

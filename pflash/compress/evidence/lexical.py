@@ -91,7 +91,6 @@ class LexicalParams:
     rare_max_freq: int = 2
     cascade_iters: int = 3
     cap_tokens: int | None = None
-    referents: bool = True  # a hit's opening pronoun anchors its antecedent (`_referents`)
 
     @classmethod
     def from_config(cls, config, *, cap_tokens: int | None) -> LexicalParams:
@@ -102,7 +101,6 @@ class LexicalParams:
             rare_max_freq=config.lexical_rare_max_freq,
             cascade_iters=config.lexical_cascade_iters,
             cap_tokens=cap_tokens,
-            referents=config.select_antecedents,
         )
 
 
@@ -224,8 +222,7 @@ def find_lexical_evidence(
         for u, (s, hop, reason) in found.items()
     ]
     out.extend(_headers(text, units, found, named, excluded, drafter))
-    if params.referents:
-        out.extend(_referents(text, units, found, named, drafter))
+    out.extend(_referents(text, units, found, named, drafter))
     out.extend(_whole_sentences(units, sentences, found, named, drafter))
     out = _best_per_span(out)
     out.sort(key=lambda a: (-a.score, a.span.begin, a.span.end))

@@ -290,7 +290,6 @@ def evidence_request(
     question = evidence_question(plan, SEMANTIC_QUESTION_TOKENS) or question
     end = min(question.begin, plan.query.begin)
     out: dict[str, Any] = {}
-    read_back = config.select_antecedents
     known = memo.get(conversation, "passages") if memo is not None else None
     made: dict[tuple, tuple[Span, ...]] | None = {} if memo is not None else None
     semantic = evidence_passages(
@@ -310,7 +309,7 @@ def evidence_request(
         text = plan.drafter.text
         out |= {
             "semantic_passages": semantic,
-            "semantic_texts": passage_texts(plan.drafter, semantic, antecedents=read_back)
+            "semantic_texts": passage_texts(plan.drafter, semantic)
             + block_texts(plan.drafter, blocks),
             "semantic_questions": question_parts(text[slice(*plan.drafter.char_span(question))]),
         }
@@ -325,7 +324,7 @@ def evidence_request(
             made=made,
         )
         if after:
-            out["semantic_prefetch"] = passage_texts(plan.drafter, after, antecedents=read_back)
+            out["semantic_prefetch"] = passage_texts(plan.drafter, after)
     if memo is not None and made:
         memo.put(conversation, "passages", made, sum(len(k[3]) for k in made))
     return out
@@ -438,12 +437,15 @@ def passage_signals(
         checked = _follow_entities(drafter, checked, _question_text(req, drafter))
     out = []
     read = next((c.blocks for c in checked if c.name == "semantic"), np.zeros(len(blocks)))
+    antecedents: dict[tuple[Span, ...], tuple[list, list]] = {}  # per passages, once
     for c in checked:  # the embedder's block scores, for every signal (as entity feedback)
         values = lift_blocks(c.values, blocks, read, whole_tokens=whole_block_tokens)
         values = lift_code_headers(drafter, c.passages, values)
-        if config.select_antecedents:
+        if c.passages not in antecedents:
             spans = [drafter.char_span(p) for p in c.passages]
-            values = lift_antecedents(drafter.text, spans, values)
+            antecedents[c.passages] = (spans, passage_antecedents(drafter.text, spans))
+        spans, found = antecedents[c.passages]
+        values = lift_antecedents(spans, values, found)
         if config.select_passage_cuts:  # after every lift: a sentence's parts go together
             values = whole_sentences(drafter, c.passages, values)
         out.append(PassageSignal(c.passages, values, c.weight))
@@ -514,13 +516,11 @@ def _follow_entities(
     return out
 
 
-def passage_texts(
-    drafter: TokenizedText, passages: tuple[Span, ...], *, antecedents: bool = False
-) -> tuple[str, ...]:
+def passage_texts(drafter: TokenizedText, passages: tuple[Span, ...]) -> tuple[str, ...]:
     """Each passage's text as the embedder reads it: inside a code block, after the
     block's header line (`def name(args):`, its first `HEADER_MAX_CHARS` characters)
-    when the passage does not hold it; with `antecedents`, a passage outside code that names
-    its subject by a pronoun after the sentence it refers back to (`antecedents`). Why: a
+    when the passage does not hold it; outside code, a passage that names its subject by a
+    pronoun after the sentence it refers back to (`antecedents`). Why: a
     24-token piece of a function body ("isinstance(c, bytes)\n return") says little
     about what the function is for; with its header the docstring and body pieces read as
     parts of that function. "He is voiced by Dan Castellaneta" says nothing of Homer Simpson
@@ -528,7 +528,7 @@ def passage_texts(
     text = drafter.text
     spans = [drafter.char_span(p) for p in passages]
     lines: dict[int, str] = {}  # header start -> its line: read once for all its passages
-    back = passage_antecedents(text, spans) if antecedents else [(-1, -1)] * len(spans)
+    back = passage_antecedents(text, spans)
     out = []
     for (b, e), header, before in zip(spans, passage_headers(drafter, spans), back, strict=True):
         piece = text[b:e]
