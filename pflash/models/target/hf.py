@@ -132,7 +132,7 @@ class _Decoding:
     tokens; otherwise `draft_cache` is None.
     """
 
-    cache: Any  # transformers DynamicCache
+    cache: Any  # transformers DynamicCache, appending in place (`kv_buffer`)
     logits: torch.Tensor  # [V] logits the last sampled token was drawn from
     generator: torch.Generator | None
     cache_n: int = 0
@@ -365,17 +365,17 @@ class TransformersTarget(TargetBackend):
         Returns (the cache over all S tokens, the next-token logits [V], tokens reused).
         """
         import torch
-        from transformers import DynamicCache
+
+        from pflash.models.kv_buffer import buffered_cache
 
         reused, snap = snapshots.lookup(ids, scope)
         reused = min(reused, ids.numel() - 1)  # the last token must run to give logits
         if snap is not None and reused > 0:
-            cache = DynamicCache(
-                ddp_cache_data=[(k[:, :, :reused], v[:, :, :reused]) for k, v in snap.layers],
-                config=model.config,
+            cache = buffered_cache(
+                model, [(k[:, :, :reused], v[:, :, :reused]) for k, v in snap.layers]
             )
         else:
-            reused, cache = 0, DynamicCache(config=model.config)
+            reused, cache = 0, buffered_cache(model)
         rest = ids[reused:].to(model.device).unsqueeze(0)  # [1, S - reused]
         with torch.inference_mode():
             for begin in range(0, rest.shape[1], self.prefill_chunk):
