@@ -21,23 +21,12 @@ import time
 
 
 def model_of(spec: str):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The agent benchmark's random-weight target (`ttft.random_llama`), in eval mode."""
+    from pflash.models.source import load_tokenizer
+    from pflash_lab.bench.ttft import random_llama
 
-    layers, hidden, ffn = (int(x) for x in spec.split(":"))
-    heads = max(1, hidden // 64)
-    config = LlamaConfig(
-        vocab_size=49152,  # the embedded tokenizer's
-        hidden_size=hidden,
-        intermediate_size=ffn,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 4),
-        max_position_embeddings=1 << 17,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    tok = load_tokenizer("embedded:smollm2-135m")
+    return random_llama(spec, tok, max_positions=1 << 17).eval()
 
 
 def filled(model, n: int, buffered: bool):

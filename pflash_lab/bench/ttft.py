@@ -58,15 +58,12 @@ def make_messages(tokenizer, text: str, n_tokens: int, run: int) -> list[dict]:
     return [{"role": "user", "content": doc + "\n\n" + question}]
 
 
-def random_target(spec: str, out: Path) -> str:
-    """Save a random-weight llama with the embedded tokenizer; return its directory."""
+def random_llama(spec: str, tok, max_positions: int = 8192):
+    """A random-weight llama of `spec` (layers:hidden:ffn, GQA) over `tok`'s vocabulary."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pflash.models.source import load_tokenizer
-
     layers, hidden, ffn = (int(x) for x in spec.split(":"))
-    tok = load_tokenizer("embedded:smollm2-135m")
     heads = max(1, hidden // 64)
     config = LlamaConfig(
         vocab_size=len(tok),
@@ -75,14 +72,23 @@ def random_target(spec: str, out: Path) -> str:
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=max(1, heads // 4),  # GQA; heads must be a multiple
-        max_position_embeddings=8192,
+        max_position_embeddings=max_positions,
         rope_theta=100000.0,
         tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    return LlamaForCausalLM(config)
+
+
+def random_target(spec: str, out: Path) -> str:
+    """Save a random-weight llama with the embedded tokenizer; return its directory."""
+    from pflash.models.source import load_tokenizer
+
+    layers, hidden, ffn = (int(x) for x in spec.split(":"))
+    tok = load_tokenizer("embedded:smollm2-135m")
+    model = random_llama(spec, tok)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     params = sum(p.numel() for p in model.parameters()) / 1e6
